@@ -1,0 +1,149 @@
+"""The one array backend: NumPy by default, CuPy on a GPU.
+
+Every other module does ``from .backend import xp`` and writes ``xp.exp(x)``;
+``xp`` forwards to whichever array module is active, so switching backend is
+one call (``tinyvit.set_backend("cupy")``) or one environment variable
+(``TINYVIT_BACKEND=cupy``, read at import). This is the only file that imports
+numpy or cupy by name for array work.
+
+Also here: moving arrays between host and device, a seeded random generator on
+the active backend, and the default float dtype (float32 for training, float64
+for gradient checks).
+"""
+
+import os
+from contextlib import contextmanager
+
+import numpy
+
+BACKENDS = ("numpy", "cupy")
+
+_active = numpy
+_default_dtype = numpy.float32
+
+
+class _ArrayModule:
+    """Forwards attribute access to the active array module (numpy or cupy)."""
+
+    def __getattr__(self, name):
+        return getattr(_active, name)
+
+    def __repr__(self):
+        return f"<tinyvit array module: {_active.__name__}>"
+
+
+xp = _ArrayModule()
+
+
+def _import_cupy():
+    try:
+        import cupy
+    except ImportError as e:
+        raise RuntimeError(
+            "backend 'cupy' needs CuPy: install it with `pip install tinyvit[gpu]` "
+            "(or the cupy-cudaXXx wheel matching your CUDA)"
+        ) from e
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as e:  # CUDA driver missing or broken
+        raise RuntimeError(f"backend 'cupy' needs a CUDA GPU, but CUDA says: {e}") from e
+    if count == 0:
+        raise RuntimeError("backend 'cupy' needs a CUDA GPU, but none was found")
+    return cupy
+
+
+def set_backend(name):
+    """Make ``name`` ("numpy" or "cupy") the active array backend."""
+    global _active
+    if name not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {name!r}")
+    _active = numpy if name == "numpy" else _import_cupy()
+
+
+def get_backend():
+    """Name of the active backend: "numpy" or "cupy"."""
+    return _active.__name__
+
+
+def cupy_available():
+    """True when CuPy imports and sees at least one GPU."""
+    try:
+        _import_cupy()
+    except RuntimeError:
+        return False
+    return True
+
+
+@contextmanager
+def using_backend(name):
+    """Run a block under another backend, then restore the previous one."""
+    previous = get_backend()
+    set_backend(name)
+    try:
+        yield
+    finally:
+        set_backend(previous)
+
+
+def set_default_dtype(dtype):
+    """Float dtype new parameters and data get: float32 (training) or float64 (checks)."""
+    global _default_dtype
+    dtype = numpy.dtype(dtype)
+    if dtype not in (numpy.float32, numpy.float64):
+        raise ValueError(f"default dtype must be float32 or float64, got {dtype}")
+    _default_dtype = dtype.type
+
+
+def get_default_dtype():
+    return _default_dtype
+
+
+@contextmanager
+def default_dtype(dtype):
+    """Run a block with another default float dtype."""
+    previous = _default_dtype
+    set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        set_default_dtype(previous)
+
+
+def to_device(a, dtype=None):
+    """An array on the active backend (a no-op for one already there)."""
+    return _active.asarray(a, dtype=dtype)
+
+
+def to_host(a):
+    """A NumPy array on the host (a no-op for one already there)."""
+    if isinstance(a, numpy.ndarray):
+        return a
+    if hasattr(a, "get"):  # a cupy array
+        return a.get()
+    return numpy.asarray(a)
+
+
+def is_array(a):
+    """True for an ndarray of the active backend."""
+    return isinstance(a, _active.ndarray)
+
+
+def rng(seed):
+    """A seeded random generator on the active backend.
+
+    ``seed`` is an int or a tuple of ints (e.g. ``(seed, step)``): both backends
+    turn it into a generator state through NumPy's SeedSequence. Code uses only
+    what the two share: ``random(size, dtype)``, ``standard_normal(size, dtype)``,
+    ``integers(low, high, size)`` and ``permutation(n)``.
+    """
+    return _active.random.default_rng(seed)
+
+
+def synchronize():
+    """Wait for the GPU to finish queued work (for timing); a no-op on NumPy."""
+    if _active is not numpy:
+        _active.cuda.get_current_stream().synchronize()
+
+
+if os.environ.get("TINYVIT_BACKEND"):
+    set_backend(os.environ["TINYVIT_BACKEND"])
