@@ -1,0 +1,18 @@
+"""tinyvit: a Vision Transformer from scratch on NumPy (CuPy on a GPU), every
+backward pass written by hand."""
+
+from .backend import get_backend, set_backend
+from .gradcheck import gradient_check
+from .loss import SoftmaxCrossEntropy
+from .model import PRESETS, ViT, ViTConfig, create_model
+
+__all__ = [
+    "PRESETS",
+    "SoftmaxCrossEntropy",
+    "ViT",
+    "ViTConfig",
+    "create_model",
+    "get_backend",
+    "gradient_check",
+    "set_backend",
+]

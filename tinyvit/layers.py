@@ -1,0 +1,611 @@
+"""The layers of a Vision Transformer, each with a hand-written forward and backward.
+
+Contract (CS231n's, as classes):
+- ``forward(x)`` computes the output and keeps in ``self.cache`` exactly what
+  ``backward`` needs, and nothing more;
+- ``backward(dout)`` unpacks that cache on its first line, returns ``dx`` and
+  *accumulates* (``+=``) its parameter gradients into ``param.grad``; one
+  ``zero_grad()`` resets them. Residual branches therefore add up by themselves.
+
+Shape legend: B batch, N tokens (patches, plus 1 for the class token), D embed_dim,
+H num_heads, Dh = D // H head dim, C channels, P patch_size, K classes.
+"""
+
+import math
+
+from .backend import get_default_dtype, host_rng, to_device, xp
+
+
+class Parameter:
+    """A trainable array and the gradient accumulated into it.
+
+    ``decay`` says whether AdamW's weight decay applies (weights of Linear layers
+    only; not biases, norms, cls_token or pos_embed).
+    """
+
+    def __init__(self, data, decay=False):
+        self.data = data
+        self.grad = xp.zeros_like(data)
+        self.decay = decay
+
+    @property
+    def shape(self):
+        return self.data.shape
+
+
+class Module:
+    """Base class: parameter bookkeeping, train/eval mode, and the cache contract.
+
+    Parameters and sub-modules are found by walking the instance's attributes in
+    the order they were set (lists of modules are walked as ``name.0``, ``name.1``,
+    ...), so a model's parameter names are its attribute paths, as in PyTorch.
+    """
+
+    def __init__(self):
+        self.training = True
+        self.cache = None
+        self._flat = None
+
+    def __call__(self, *args):
+        return self.forward(*args)
+
+    def forward(self, x):
+        raise NotImplementedError
+
+    def backward(self, dout):
+        raise NotImplementedError
+
+    def _take_cache(self):
+        """The cache of the last forward, or a clear error if there was none."""
+        if self.cache is None:
+            raise RuntimeError(f"{type(self).__name__}.backward called before forward")
+        return self.cache
+
+    # -- walking the tree ----------------------------------------------------
+
+    def named_children(self):
+        for name, value in vars(self).items():
+            if isinstance(value, Module):
+                yield name, value
+            elif isinstance(value, list):
+                for i, item in enumerate(value):
+                    if isinstance(item, Module):
+                        yield f"{name}.{i}", item
+
+    def named_modules(self, prefix="", _seen=None):
+        """Every module once, under its first path (a module shared by two parents
+        — norm1 inside a Residual branch and the Block — keeps the Block's name)."""
+        _seen = set() if _seen is None else _seen
+        if id(self) in _seen:
+            return
+        _seen.add(id(self))
+        yield prefix, self
+        for name, child in self.named_children():
+            yield from child.named_modules(f"{prefix}.{name}" if prefix else name, _seen)
+
+    def named_parameters(self):
+        for module_name, module in self.named_modules():
+            for name, value in vars(module).items():
+                if isinstance(value, Parameter):
+                    yield (f"{module_name}.{name}" if module_name else name), value
+
+    def parameters(self):
+        return [p for _, p in self.named_parameters()]
+
+    def num_parameters(self):
+        return sum(p.data.size for p in self.parameters())
+
+    # -- modes and gradients -------------------------------------------------
+
+    def train(self, mode=True):
+        for _, module in self.named_modules():
+            module.training = mode
+        return self
+
+    def eval(self):
+        return self.train(False)
+
+    def zero_grad(self):
+        if self._flat is not None:
+            self._flat[1].fill(0)
+        else:
+            for p in self.parameters():
+                p.grad.fill(0)
+
+    def astype(self, dtype):
+        """Convert every parameter (and its gradient) to ``dtype``, in place."""
+        for p in self.parameters():
+            p.data = p.data.astype(dtype)
+            p.grad = p.grad.astype(dtype)
+        self._flat = None
+        return self
+
+    def flat_parameters(self):
+        """All parameters as views into one contiguous buffer, gradients into another.
+
+        Returns ``(data, grad, decay)``: 1-D arrays of the total parameter count;
+        ``decay`` is 1 where weight decay applies. Optimizers update these in a
+        few whole-buffer operations instead of a loop over tensors. Packing
+        re-points every ``Parameter.data`` and ``.grad`` to a view of the buffers.
+        """
+        if self._flat is None:
+            params = self.parameters()
+            dtype = params[0].data.dtype
+            total = sum(p.data.size for p in params)
+            data = xp.empty(total, dtype=dtype)
+            grad = xp.empty(total, dtype=dtype)
+            decay = xp.empty(total, dtype=dtype)
+            offset = 0
+            for p in params:
+                end = offset + p.data.size
+                data[offset:end] = p.data.ravel()
+                grad[offset:end] = p.grad.ravel()
+                decay[offset:end] = 1.0 if p.decay else 0.0
+                p.data = data[offset:end].reshape(p.data.shape)
+                p.grad = grad[offset:end].reshape(p.grad.shape)
+                offset = end
+            self._flat = (data, grad, decay)
+        return self._flat
+
+
+def trunc_normal(rng, shape, std=0.02, dtype=None):
+    """Normal(0, std) values redrawn until inside [-2 std, 2 std] (timm's init).
+
+    ``rng`` is a host generator (``backend.host_rng``): initial weights are drawn
+    on the host, so a seed gives the same model on NumPy and on CuPy.
+    """
+    values = rng.standard_normal(shape) * std
+    outside = abs(values) > 2 * std
+    while outside.any():
+        values[outside] = rng.standard_normal(int(outside.sum())) * std
+        outside = abs(values) > 2 * std
+    return to_device(values, dtype or get_default_dtype())
+
+
+def _check_float(x, layer):
+    if not xp.issubdtype(x.dtype, xp.floating):
+        raise ValueError(f"{layer}: expected a float array, got dtype {x.dtype}")
+
+
+# ---------------------------------------------------------------------------
+# Linear
+# ---------------------------------------------------------------------------
+
+
+class Linear(Module):
+    """y = x W^T + b over the last axis; W is stored (out, in) as in PyTorch.
+
+    W starts truncated-normal (std 0.02) from the host generator ``rng`` (fresh
+    entropy when None), b at zero.
+    """
+
+    def __init__(self, in_features, out_features, bias=True, rng=None, dtype=None):
+        super().__init__()
+        dtype = dtype or get_default_dtype()
+        self.in_features, self.out_features = in_features, out_features
+        weight = trunc_normal(rng or host_rng(None), (out_features, in_features), dtype=dtype)
+        self.weight = Parameter(weight, decay=True)
+        self.bias = Parameter(xp.zeros(out_features, dtype=dtype)) if bias else None
+
+    def forward(self, x):
+        # (..., in) -> (M, in) with M the product of the leading axes
+        if x.shape[-1] != self.in_features:
+            raise ValueError(
+                f"Linear: expected last axis {self.in_features}, got input of shape {x.shape}"
+            )
+        x2 = x.reshape(-1, self.in_features)
+        y = x2 @ self.weight.data.T  # (M, out)
+        if self.bias is not None:
+            y += self.bias.data
+        self.cache = x2
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def backward(self, dout):
+        """y_mj = sum_i x_mi W_ji + b_j, so by the chain rule
+            dW_ji = sum_m dy_mj x_mi   -> dW = dy^T x        (out, in)
+            db_j  = sum_m dy_mj        -> db = dy summed over rows
+            dx_mi = sum_j dy_mj W_ji   -> dx = dy W           (M, in)
+        """
+        x2 = self._take_cache()
+        dout2 = dout.reshape(-1, self.out_features)  # (M, out)
+        self.weight.grad += dout2.T @ x2
+        if self.bias is not None:
+            self.bias.grad += dout2.sum(axis=0)
+        dx = dout2 @ self.weight.data  # (M, in)
+        return dx.reshape(*dout.shape[:-1], self.in_features)
+
+
+# ---------------------------------------------------------------------------
+# Patch embedding
+# ---------------------------------------------------------------------------
+
+
+class Patchify(Module):
+    """Cut images into non-overlapping P x P patches and flatten each one.
+
+    (B, C, H, W) -> (B, N, C*P*P) with N = (H/P)(W/P), patches in row-major order
+    and each patch flattened in (C, P, P) order, so a Linear over it is exactly a
+    Conv2d(C, D, kernel=stride=P) whose weight (D, C, P, P) is the Linear weight
+    reshaped. A pure reshape/transpose: no arithmetic.
+    """
+
+    def __init__(self, patch_size):
+        super().__init__()
+        self.patch_size = patch_size
+
+    def forward(self, x):
+        B, C, H, W = x.shape
+        P = self.patch_size
+        if H % P or W % P:
+            raise ValueError(
+                f"Patchify: image size {H}x{W} is not divisible by patch_size {P}"
+            )
+        gh, gw = H // P, W // P
+        self.cache = x.shape
+        x = x.reshape(B, C, gh, P, gw, P)  # (B, C, gh, P, gw, P)
+        x = x.transpose(0, 2, 4, 1, 3, 5)  # (B, gh, gw, C, P, P)
+        return x.reshape(B, gh * gw, C * P * P)  # (B, N, C*P*P)
+
+    def backward(self, dout):
+        """Patchify only moves entries, so its backward moves the gradients back:
+        the exact inverse reshape/transpose, (B, N, C*P*P) -> (B, C, H, W)."""
+        B, C, H, W = self._take_cache()
+        P = self.patch_size
+        gh, gw = H // P, W // P
+        dx = dout.reshape(B, gh, gw, C, P, P)
+        dx = dx.transpose(0, 3, 1, 4, 2, 5)  # (B, C, gh, P, gw, P)
+        return dx.reshape(B, C, H, W)
+
+
+class PatchEmbed(Module):
+    """Patchify + Linear(C*P*P, D): a Conv2d with kernel = stride = patch_size."""
+
+    def __init__(self, patch_size, in_channels, embed_dim, rng=None, dtype=None):
+        super().__init__()
+        self.patchify = Patchify(patch_size)
+        self.proj = Linear(in_channels * patch_size**2, embed_dim, rng=rng, dtype=dtype)
+        self.conv_shape = (embed_dim, in_channels, patch_size, patch_size)
+
+    def forward(self, x):
+        return self.proj.forward(self.patchify.forward(x))  # (B, N, D)
+
+    def backward(self, dout):
+        return self.patchify.backward(self.proj.backward(dout))
+
+    def weight_to_conv(self, weight):
+        """Linear layout (D, C*P*P) -> Conv2d layout (D, C, P, P)."""
+        return weight.reshape(self.conv_shape)
+
+    def weight_from_conv(self, weight):
+        """Conv2d layout (D, C, P, P) -> Linear layout (D, C*P*P)."""
+        return weight.reshape(self.conv_shape[0], -1)
+
+
+# ---------------------------------------------------------------------------
+# LayerNorm
+# ---------------------------------------------------------------------------
+
+
+class LayerNorm(Module):
+    """y = (x - mean) / sqrt(var + eps) * gamma + beta over the last axis.
+
+    eps = 1e-6 as in the ViT paper's reference code. Parameters are named
+    ``weight`` (gamma) and ``bias`` (beta) as in PyTorch.
+    """
+
+    def __init__(self, dim, eps=1e-6, dtype=None):
+        super().__init__()
+        dtype = dtype or get_default_dtype()
+        self.dim, self.eps = dim, eps
+        self.weight = Parameter(xp.ones(dim, dtype=dtype))
+        self.bias = Parameter(xp.zeros(dim, dtype=dtype))
+
+    def forward(self, x):
+        mean = x.mean(axis=-1, keepdims=True)  # (..., 1)
+        xc = x - mean
+        var = (xc * xc).mean(axis=-1, keepdims=True)
+        rstd = 1.0 / xp.sqrt(var + self.eps)  # (..., 1)
+        xhat = xc * rstd
+        self.cache = (xhat, rstd)
+        return xhat * self.weight.data + self.bias.data
+
+    def backward(self, dout):
+        """With xhat = (x - mu) * rstd, y = gamma * xhat + beta:
+            dgamma = sum over rows of dy * xhat,   dbeta = sum over rows of dy.
+        Let g = dy * gamma (the gradient at xhat). xhat depends on x directly and
+        through mu and rstd; d mu/dx_i = 1/D and d rstd/dx_i = -rstd^3 (x_i - mu)/D,
+        which gives, per row,
+            dx = rstd * (g - mean(g) - xhat * mean(g * xhat)).
+        """
+        xhat, rstd = self._take_cache()
+        D = self.dim
+        self.weight.grad += (dout * xhat).reshape(-1, D).sum(axis=0)
+        self.bias.grad += dout.reshape(-1, D).sum(axis=0)
+        g = dout * self.weight.data
+        mean_g = g.mean(axis=-1, keepdims=True)
+        mean_gx = (g * xhat).mean(axis=-1, keepdims=True)
+        return rstd * (g - mean_g - xhat * mean_gx)
+
+
+# ---------------------------------------------------------------------------
+# GELU
+# ---------------------------------------------------------------------------
+
+_SQRT_HALF = 1.0 / math.sqrt(2.0)
+_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+_TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
+_SERIES_TERMS = 100  # enough for |z| <= 6 to float64 rounding; erf(6) = 1 - 2e-17
+
+
+def erf_and_gauss(z):
+    """Return (erf(z), exp(-z^2)); NumPy has no erf, so it is computed here.
+
+    float64: the series with positive terms (Abramowitz & Stegun 7.1.6)
+        erf(z) = 2/sqrt(pi) exp(-z^2) sum_n 2^n z^(2n+1) / (1*3*...*(2n+1)),
+    each term the previous times 2 z^2 / (2n+1). With no cancellation it is exact
+    to rounding; 100 terms reach float64 precision for |z| <= 6, and beyond that
+    erf(z) = sign(z) to float64 precision (z is clipped there).
+    float32: A&S 7.1.26, erf(|z|) = 1 - t (a1 + t (a2 + ... t a5)) exp(-z^2) with
+    t = 1 / (1 + p|z|), absolute error below 1.5e-7 (float32 spacing near 1 is 6e-8).
+    Both give exp(-z^2) too, which GELU's derivative needs.
+    """
+    gauss = xp.exp(-z * z)
+    if z.dtype == xp.float64:
+        zc = xp.clip(z, -6.0, 6.0)
+        two_z2 = 2.0 * zc * zc
+        term = zc.copy()
+        total = zc.copy()
+        for n in range(1, _SERIES_TERMS):
+            term *= two_z2 / (2 * n + 1)
+            total += term
+        erf = xp.clip(_TWO_OVER_SQRT_PI * xp.exp(-zc * zc) * total, -1.0, 1.0)
+        return erf, gauss
+    a = xp.abs(z)
+    t = 1.0 / (1.0 + 0.3275911 * a)
+    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+    erf_abs = 1.0 - poly * gauss
+    return xp.where(z < 0, -erf_abs, erf_abs), gauss
+
+
+class GELU(Module):
+    """y = x * Phi(x), Phi the standard normal CDF (the exact form, as torch.nn.GELU()).
+
+    ``approximate="tanh"`` gives 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+    The forward also computes the local derivative dy/dx and caches only that:
+    one array, the same size as caching x, and the backward is one multiply.
+    """
+
+    def __init__(self, approximate="none"):
+        super().__init__()
+        if approximate not in ("none", "tanh"):
+            raise ValueError(f"GELU: approximate must be 'none' or 'tanh', got {approximate!r}")
+        self.approximate = approximate
+
+    def forward(self, x):
+        _check_float(x, "GELU")
+        if self.approximate == "tanh":
+            y, dydx = _gelu_tanh(x)
+        else:
+            y, dydx = _gelu_erf(x)
+        self.cache = dydx
+        return y
+
+    def backward(self, dout):
+        """Elementwise, so dx = dy * y'(x), with y'(x) cached by the forward:
+            exact: y = x Phi(x)  =>  y' = Phi(x) + x phi(x),
+                   phi(x) = exp(-x^2/2) / sqrt(2 pi) = Phi'(x);
+            tanh:  y = x (1 + t) / 2, t = tanh(u), u = c (x + a x^3)
+                   =>  y' = (1 + t)/2 + x (1 - t^2) c (1 + 3 a x^2) / 2.
+        """
+        return dout * self._take_cache()
+
+
+def _gelu_erf(x):
+    erf, gauss = erf_and_gauss(x * _SQRT_HALF)  # exp(-(x/sqrt2)^2) = exp(-x^2/2)
+    cdf = 0.5 * (1.0 + erf)
+    y = x * cdf
+    dydx = cdf + x * gauss * _INV_SQRT_2PI
+    return y, dydx
+
+
+def _gelu_tanh(x):
+    c, a = math.sqrt(2.0 / math.pi), 0.044715
+    x2 = x * x
+    t = xp.tanh(c * x * (1.0 + a * x2))
+    y = 0.5 * x * (1.0 + t)
+    dydx = 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * c * (1.0 + 3.0 * a * x2)
+    return y, dydx
+
+
+# ---------------------------------------------------------------------------
+# Dropout
+# ---------------------------------------------------------------------------
+
+
+class Dropout(Module):
+    """Inverted dropout: in training, zero each entry with probability p and scale
+    the rest by 1/(1-p), so eval mode is the identity. The mask comes from an
+    explicit generator on the active backend (``backend.rng``), never global
+    random state: pass ``rng=`` here, or let the model give one generator to all
+    its Dropout layers (``ViT.seed_dropout``).
+    """
+
+    def __init__(self, p=0.0, rng=None):
+        super().__init__()
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"Dropout: p must be in [0, 1), got {p}")
+        self.p, self.rng = p, rng
+
+    def forward(self, x):
+        if not self.training or self.p == 0.0:
+            self.cache = 1.0
+            return x
+        if self.rng is None:
+            raise RuntimeError(
+                f"Dropout(p={self.p}) has no random generator: pass rng=backend.rng(seed) "
+                "or call model.seed_dropout(seed)"
+            )
+        keep = self.rng.random(x.shape, dtype=x.dtype) >= self.p
+        mask = keep * x.dtype.type(1.0 / (1.0 - self.p))  # 0 or 1/(1-p)
+        self.cache = mask
+        return x * mask
+
+    def backward(self, dout):
+        """y = x * mask, mask fixed by the forward, so dx = dy * mask (the same
+        mask, reused: never redrawn)."""
+        mask = self._take_cache()
+        return dout if isinstance(mask, float) else dout * mask
+
+
+# ---------------------------------------------------------------------------
+# Multi-head self-attention
+# ---------------------------------------------------------------------------
+
+
+def softmax(s):
+    """Numerically stable softmax over the last axis: exp(s - max) / sum."""
+    e = xp.exp(s - s.max(axis=-1, keepdims=True))
+    e /= e.sum(axis=-1, keepdims=True)
+    return e
+
+
+class Attention(Module):
+    """Multi-head self-attention with a fused qkv projection.
+
+    qkv = x W_qkv^T + b (one Linear(D, 3D), q, k, v stacked in that order), split
+    into H heads; A = softmax(q k^T / sqrt(Dh)) per head; attention dropout on A;
+    out = A v, heads concatenated, then the output projection. All heads run in
+    single batched matmuls over (B, H). ``self.attn`` keeps the attention weights
+    of the last forward (before dropout) for inspection.
+    """
+
+    def __init__(self, dim, num_heads, qkv_bias=True, attn_dropout=0.0, proj_dropout=0.0, rng=None, dtype=None):
+        """``rng``: host generator for the initial weights."""
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f"Attention: embed_dim {dim} is not divisible by num_heads {num_heads}")
+        self.num_heads, self.head_dim = num_heads, dim // num_heads
+        self.scale = self.head_dim**-0.5
+        self.qkv = Linear(dim, 3 * dim, bias=qkv_bias, rng=rng, dtype=dtype)
+        self.attn_drop = Dropout(attn_dropout)
+        self.proj = Linear(dim, dim, rng=rng, dtype=dtype)
+        self.proj_drop = Dropout(proj_dropout)
+        self.attn = None
+
+    def forward(self, x):
+        B, N, D = x.shape
+        H, Dh = self.num_heads, self.head_dim
+        qkv = self.qkv.forward(x)  # (B, N, 3D)
+        qkv = qkv.reshape(B, N, 3, H, Dh).transpose(2, 0, 3, 1, 4)  # (3, B, H, N, Dh)
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        scores = q @ k.transpose(0, 1, 3, 2)  # (B, H, N, N)
+        scores *= self.scale
+        attn = softmax(scores)
+        self.attn = attn
+        attn_d = self.attn_drop.forward(attn)
+        ctx = attn_d @ v  # (B, H, N, Dh)
+        ctx = ctx.transpose(0, 2, 1, 3).reshape(B, N, D)  # (B, N, H*Dh)
+        self.cache = (q, k, v, attn, attn_d)
+        return self.proj_drop.forward(self.proj.forward(ctx))
+
+    def backward(self, dout):
+        """Walks the forward in reverse. With S = scale * q k^T, A = softmax(S),
+        Ad = dropout(A), ctx = Ad v:
+            d ctx -> dAd = d ctx v^T,  dv = Ad^T d ctx           (matmul rule)
+            dA = dropout backward of dAd (same mask)
+            softmax, row by row: dA/dS = diag(A) - A A^T, applied without forming it:
+                dS = A * (dA - sum_j dA_j A_j)                   (one row reduction)
+            dq = scale * dS k,  dk = scale * dS^T q
+        and dq, dk, dv are stacked back into the fused qkv layout.
+        """
+        q, k, v, attn, attn_d = self._take_cache()
+        B, H, N, Dh = q.shape
+        dctx = self.proj.backward(self.proj_drop.backward(dout))  # (B, N, D)
+        dctx = dctx.reshape(B, N, H, Dh).transpose(0, 2, 1, 3)  # (B, H, N, Dh)
+        dqkv = xp.empty((3, B, H, N, Dh), dtype=dout.dtype)
+        dattn = dctx @ v.transpose(0, 1, 3, 2)  # (B, H, N, N)
+        dqkv[2] = attn_d.transpose(0, 1, 3, 2) @ dctx  # dv
+        dattn = self.attn_drop.backward(dattn)
+        dscores = attn * (dattn - (dattn * attn).sum(axis=-1, keepdims=True))
+        dscores *= self.scale
+        dqkv[0] = dscores @ k  # dq
+        dqkv[1] = dscores.transpose(0, 1, 3, 2) @ q  # dk
+        dqkv = dqkv.transpose(1, 3, 0, 2, 4).reshape(B, N, 3 * H * Dh)  # (B, N, 3D)
+        return self.qkv.backward(dqkv)
+
+
+# ---------------------------------------------------------------------------
+# MLP, residual, encoder block
+# ---------------------------------------------------------------------------
+
+
+class Sequential(Module):
+    """Layers applied in order; backward applies their backwards in reverse."""
+
+    def __init__(self, *layers):
+        super().__init__()
+        self.layers = list(layers)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer.forward(x)
+        return x
+
+    def backward(self, dout):
+        for layer in reversed(self.layers):
+            dout = layer.backward(dout)
+        return dout
+
+
+class MLP(Sequential):
+    """fc1 (D -> mlp_ratio*D), GELU, dropout, fc2 (-> D), dropout."""
+
+    def __init__(self, dim, hidden_dim, dropout=0.0, rng=None, dtype=None):
+        self.fc1 = Linear(dim, hidden_dim, rng=rng, dtype=dtype)
+        self.act = GELU()
+        self.drop1 = Dropout(dropout)
+        self.fc2 = Linear(hidden_dim, dim, rng=rng, dtype=dtype)
+        self.drop2 = Dropout(dropout)
+        super().__init__(self.fc1, self.act, self.drop1, self.fc2, self.drop2)
+
+
+class Residual(Module):
+    """y = x + f(x) for a branch f of layers."""
+
+    def __init__(self, *branch):
+        super().__init__()
+        self.branch = Sequential(*branch)
+
+    def forward(self, x):
+        self.cache = True
+        return x + self.branch.forward(x)
+
+    def backward(self, dout):
+        """dy/dx = I + df/dx, so dx = dout + f's backward of dout: the gradient
+        flows through the skip connection unchanged and adds to the branch's."""
+        self._take_cache()
+        return dout + self.branch.backward(dout)
+
+
+class Block(Module):
+    """Pre-norm Transformer encoder block (ViT, eqs. 2-3):
+        x = x + Attention(LayerNorm(x));  x = x + MLP(LayerNorm(x)).
+    """
+
+    def __init__(self, dim, num_heads, mlp_ratio=4.0, qkv_bias=True, dropout=0.0, attn_dropout=0.0, rng=None, dtype=None):
+        super().__init__()
+        self.norm1 = LayerNorm(dim, dtype=dtype)
+        self.attn = Attention(dim, num_heads, qkv_bias, attn_dropout, dropout, rng=rng, dtype=dtype)
+        self.norm2 = LayerNorm(dim, dtype=dtype)
+        self.mlp = MLP(dim, int(dim * mlp_ratio), dropout, rng=rng, dtype=dtype)
+        self.residuals = [Residual(self.norm1, self.attn), Residual(self.norm2, self.mlp)]
+
+    def forward(self, x):
+        for residual in self.residuals:
+            x = residual.forward(x)  # (B, N, D)
+        return x
+
+    def backward(self, dout):
+        for residual in reversed(self.residuals):
+            dout = residual.backward(dout)
+        return dout

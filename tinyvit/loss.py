@@ -1,0 +1,69 @@
+"""Softmax cross-entropy, with label smoothing and soft (mixup/cutmix) targets."""
+
+from .backend import xp
+from .layers import Module
+
+
+class SoftmaxCrossEntropy(Module):
+    """Mean over the batch of -sum_k t_k log softmax(z)_k.
+
+    ``forward(logits, target)``: logits (B, K) float; target either integer labels
+    (B,) in [0, K), turned into t = (1 - smoothing) onehot + smoothing / K (as
+    PyTorch's ``label_smoothing``), or soft targets (B, K) whose rows sum to 1
+    (mixup, cutmix), used as they are. Returns a 0-d array (the loss).
+    """
+
+    def __init__(self, label_smoothing=0.0):
+        super().__init__()
+        if not 0.0 <= label_smoothing < 1.0:
+            raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
+        self.label_smoothing = label_smoothing
+
+    def targets(self, target, num_classes, dtype):
+        """The (B, K) target distribution for integer labels or soft targets."""
+        if xp.issubdtype(target.dtype, xp.floating):
+            return target.astype(dtype, copy=False)
+        t = xp.full((target.shape[0], num_classes), self.label_smoothing / num_classes, dtype=dtype)
+        t[xp.arange(target.shape[0]), target] += 1.0 - self.label_smoothing
+        return t
+
+    def forward(self, logits, target):
+        self._check(logits, target)
+        B, K = logits.shape
+        shifted = logits - logits.max(axis=1, keepdims=True)  # stable: max logit is 0
+        log_sum = xp.log(xp.exp(shifted).sum(axis=1, keepdims=True))
+        log_probs = shifted - log_sum  # (B, K)
+        t = self.targets(target, K, logits.dtype)
+        self.cache = (log_probs, t)
+        return -(t * log_probs).sum() / B
+
+    def backward(self, dout=1.0):
+        """With p = softmax(z) and sum_k t_k = 1:
+            L = -(1/B) sum_b sum_k t_bk (z_bk - log sum_j exp z_bj)
+            dL/dz_bk = (1/B) (p_bk sum_j t_bj - t_bk) = (p_bk - t_bk) / B,
+        the fused, stable backward (no division by p, no exp of large logits)."""
+        log_probs, t = self._take_cache()
+        return (xp.exp(log_probs) - t) * (dout / log_probs.shape[0])
+
+    def _check(self, logits, target):
+        if logits.ndim != 2:
+            raise ValueError(f"SoftmaxCrossEntropy: expected logits (B, K), got shape {logits.shape}")
+        if not xp.issubdtype(logits.dtype, xp.floating):
+            raise ValueError(f"SoftmaxCrossEntropy: expected float logits, got dtype {logits.dtype}")
+        B, K = logits.shape
+        if xp.issubdtype(target.dtype, xp.floating):
+            if target.shape != (B, K):
+                raise ValueError(
+                    f"SoftmaxCrossEntropy: soft targets must be (B, K) = {(B, K)}, got {target.shape}"
+                )
+            return
+        if target.shape != (B,):
+            raise ValueError(f"SoftmaxCrossEntropy: expected labels of shape ({B},), got {target.shape}")
+        if not xp.issubdtype(target.dtype, xp.integer):
+            raise ValueError(f"SoftmaxCrossEntropy: expected integer labels, got dtype {target.dtype}")
+        low, high = int(target.min()), int(target.max())
+        if low < 0 or high >= K:
+            raise ValueError(
+                f"SoftmaxCrossEntropy: labels must be in [0, {K - 1}] for {K} classes, "
+                f"got labels in [{low}, {high}]"
+            )

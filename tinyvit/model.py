@@ -1,0 +1,302 @@
+"""The Vision Transformer (Dosovitskiy et al. 2020), its configs and named presets.
+
+    images (B, C, H, W)
+      -> patch_embed                       (B, N-1, D)   N-1 = (H/P)(W/P) patches
+      -> [cls_token; patches] + pos_embed  (B, N, D)
+      -> dropout, depth x Block            (B, N, D)
+      -> pool: class token or mean         (B, D)
+      -> norm (LayerNorm), head (Linear)   (B, K)
+
+Parameter names and layouts follow timm's VisionTransformer, so a state dict can
+be compared key by key with PyTorch implementations (see ``state_dict``).
+"""
+
+import dataclasses
+import json
+
+from .backend import get_default_dtype, host_rng, rng as device_rng, to_device, to_host, xp
+from .layers import Block, Dropout, LayerNorm, Linear, Module, Parameter, PatchEmbed, trunc_normal
+
+
+@dataclasses.dataclass
+class ViTConfig:
+    image_size: int = 28
+    patch_size: int = 7
+    in_channels: int = 1
+    num_classes: int = 10
+    embed_dim: int = 64
+    depth: int = 4
+    num_heads: int = 4
+    mlp_ratio: float = 2.0
+    qkv_bias: bool = True
+    dropout: float = 0.0
+    attn_dropout: float = 0.0
+    pool: str = "cls"
+
+    def __post_init__(self):
+        if self.image_size % self.patch_size:
+            raise ValueError(
+                f"image_size {self.image_size} is not divisible by patch_size {self.patch_size}"
+            )
+        if self.embed_dim % self.num_heads:
+            raise ValueError(
+                f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}"
+            )
+        if self.pool not in ("cls", "mean"):
+            raise ValueError(f"pool must be 'cls' or 'mean', got {self.pool!r}")
+
+    @property
+    def num_patches(self):
+        return (self.image_size // self.patch_size) ** 2
+
+
+PRESETS = {
+    # 139,018 parameters: the small MNIST model of ../shared/notes/learning.md
+    "mnist": ViTConfig(),
+    "cifar10": ViTConfig(
+        image_size=32, patch_size=4, in_channels=3, embed_dim=192, depth=6, num_heads=3
+    ),
+    # the paper's models (ViT-Ti from DeiT) at 224x224, as timm's vit_*_patch16_224
+    "vit_tiny_patch16_224": ViTConfig(
+        image_size=224, patch_size=16, in_channels=3, num_classes=1000,
+        embed_dim=192, depth=12, num_heads=3, mlp_ratio=4.0,
+    ),
+    "vit_small_patch16_224": ViTConfig(
+        image_size=224, patch_size=16, in_channels=3, num_classes=1000,
+        embed_dim=384, depth=12, num_heads=6, mlp_ratio=4.0,
+    ),
+    "vit_base_patch16_224": ViTConfig(
+        image_size=224, patch_size=16, in_channels=3, num_classes=1000,
+        embed_dim=768, depth=12, num_heads=12, mlp_ratio=4.0,
+    ),
+}
+
+
+def create_model(name, seed=0, dtype=None, **overrides):
+    """A ViT from a named preset, with any config field overridden:
+    ``create_model("mnist", depth=6, embed_dim=96)``."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown model preset {name!r}; presets: {', '.join(PRESETS)}")
+    fields = {f.name for f in dataclasses.fields(ViTConfig)}
+    unknown = set(overrides) - fields
+    if unknown:
+        raise ValueError(f"unknown config field(s) {sorted(unknown)}; fields: {sorted(fields)}")
+    return ViT(dataclasses.replace(PRESETS[name], **overrides), seed=seed, dtype=dtype)
+
+
+class ViT(Module):
+    """The Vision Transformer. ``seed`` fixes the initial weights (drawn on the
+    host, the same on every backend) and the dropout masks."""
+
+    def __init__(self, config=None, seed=0, dtype=None, **fields):
+        super().__init__()
+        config = config or ViTConfig(**fields)
+        self.config = config
+        dtype = dtype or get_default_dtype()
+        init = host_rng(seed)
+        D, N = config.embed_dim, config.num_patches + 1
+        self.patch_embed = PatchEmbed(config.patch_size, config.in_channels, D, rng=init, dtype=dtype)
+        self.cls_token = Parameter(trunc_normal(init, (1, 1, D), dtype=dtype))
+        self.pos_embed = Parameter(trunc_normal(init, (1, N, D), dtype=dtype))
+        self.pos_drop = Dropout(config.dropout)
+        self.blocks = [
+            Block(D, config.num_heads, config.mlp_ratio, config.qkv_bias, config.dropout,
+                  config.attn_dropout, rng=init, dtype=dtype)
+            for _ in range(config.depth)
+        ]
+        self.norm = LayerNorm(D, dtype=dtype)
+        self.head = Linear(D, config.num_classes, rng=init, dtype=dtype)
+        self.seed_dropout(seed)
+
+    def seed_dropout(self, seed):
+        """Give every Dropout layer one fresh generator on the active backend;
+        ``seed`` is an int or a tuple such as (seed, step)."""
+        generator = device_rng(seed)
+        for _, module in self.named_modules():
+            if isinstance(module, Dropout):
+                module.rng = generator
+
+    # -- forward and backward ------------------------------------------------
+
+    def check_input(self, images):
+        """Raise a ValueError naming what was expected and what came."""
+        c = self.config
+        expected = f"(B, {c.in_channels}, {c.image_size}, {c.image_size})"
+        if not hasattr(images, "ndim") or images.ndim != 4:
+            got = f"shape {images.shape}" if hasattr(images, "shape") else type(images).__name__
+            raise ValueError(f"ViT: expected images of shape {expected}, got {got}")
+        if not xp.issubdtype(images.dtype, xp.floating):
+            raise ValueError(
+                f"ViT: expected float images (normalized pixels), got dtype {images.dtype}"
+            )
+        _, C, H, W = images.shape
+        if C != c.in_channels:
+            raise ValueError(
+                f"ViT: expected {c.in_channels} channel(s), got {C} (images of shape {images.shape})"
+            )
+        if (H, W) != (c.image_size, c.image_size):
+            raise ValueError(
+                f"ViT: expected {c.image_size}x{c.image_size} images, got {H}x{W} "
+                f"(shape {images.shape}; resize them or build the model with image_size={H})"
+            )
+
+    def forward(self, images):
+        self.check_input(images)
+        x = self.patch_embed.forward(images)  # (B, N-1, D)
+        B, _, D = x.shape
+        cls = xp.broadcast_to(self.cls_token.data, (B, 1, D))
+        x = xp.concatenate([cls, x], axis=1)  # (B, N, D)
+        x += self.pos_embed.data
+        x = self.pos_drop.forward(x)
+        for block in self.blocks:
+            x = block.forward(x)
+        self.cache = x.shape
+        if self.config.pool == "cls":
+            pooled = x[:, 0]  # (B, D)
+        else:
+            pooled = x[:, 1:].mean(axis=1)  # (B, D)
+        return self.head.forward(self.norm.forward(pooled))  # (B, K)
+
+    def backward(self, dlogits):
+        """Reverse of forward. Pooling: the class token's row gets the gradient
+        (cls), or every patch token gets 1/(N-1) of it (mean). The class token
+        and the position embedding are added to every image, so their gradients
+        are sums over the batch; the patch rows go back through patch_embed."""
+        B, N, D = self._take_cache()
+        dpooled = self.norm.backward(self.head.backward(dlogits))  # (B, D)
+        dx = xp.zeros((B, N, D), dtype=dpooled.dtype)
+        if self.config.pool == "cls":
+            dx[:, 0] = dpooled
+        else:
+            dx[:, 1:] = (dpooled / (N - 1))[:, None, :]
+        for block in reversed(self.blocks):
+            dx = block.backward(dx)
+        dx = self.pos_drop.backward(dx)
+        self.pos_embed.grad += dx.sum(axis=0, keepdims=True)
+        self.cls_token.grad += dx[:, :1].sum(axis=0, keepdims=True)
+        return self.patch_embed.backward(dx[:, 1:])  # (B, C, H, W)
+
+    def attention_maps(self):
+        """Attention weights of the last forward, one (B, H, N, N) array per block."""
+        return [block.attn.attn for block in self.blocks]
+
+    # -- state dicts in timm's layout ------------------------------------------
+
+    def _timm_name(self, name):
+        if name.startswith("norm.") and self.config.pool == "mean":
+            return "fc_" + name  # timm normalizes after mean pooling as fc_norm
+        return name
+
+    def _export(self, name, array):
+        if name == "patch_embed.proj.weight":
+            array = self.patch_embed.weight_to_conv(array)  # (D, C, P, P)
+        return to_host(array).copy()
+
+    def state_dict(self):
+        """Host NumPy copies of every parameter under timm's names and layouts:
+        ``patch_embed.proj.weight`` as a Conv2d weight (D, C, P, P), Linear weights
+        (out, in), qkv stacked q, k, v; the final norm is ``fc_norm`` under mean
+        pooling, as in timm."""
+        return {self._timm_name(n): self._export(n, p.data) for n, p in self.named_parameters()}
+
+    def grads(self):
+        """The accumulated gradients under the same keys and layouts as ``state_dict``."""
+        return {self._timm_name(n): self._export(n, p.grad) for n, p in self.named_parameters()}
+
+    def load_state_dict(self, state):
+        """Copy values in, after checking every key and shape; a ValueError lists
+        each missing, unexpected or mis-shaped key. Values may be NumPy arrays,
+        CuPy arrays or anything ``numpy.asarray`` takes (CPU torch tensors)."""
+        params = {self._timm_name(n): (n, p) for n, p in self.named_parameters()}
+        missing = [k for k in params if k not in state]
+        unexpected = [k for k in state if k not in params]
+        misshaped = []
+        for key, (name, p) in params.items():
+            if key in state:
+                expected = self._export(name, p.data).shape
+                got = tuple(to_host(state[key]).shape)
+                if got != expected:
+                    misshaped.append(f"{key}: expected {expected}, got {got}")
+        if missing or unexpected or misshaped:
+            lines = ["state dict does not match the model:"]
+            lines += [f"  missing key: {k}" for k in missing]
+            lines += [f"  unexpected key: {k}" for k in unexpected]
+            lines += [f"  wrong shape: {m}" for m in misshaped]
+            raise ValueError("\n".join(lines))
+        for key, (name, p) in params.items():
+            value = to_device(to_host(state[key]), p.data.dtype)
+            p.data[...] = value.reshape(p.data.shape)
+
+    def save(self, path):
+        """Write the config and the state dict to one ``.npz`` file (atomically)."""
+        from .checkpoint import save_npz
+
+        arrays = dict(self.state_dict())
+        arrays["__config__"] = json.dumps(dataclasses.asdict(self.config))
+        save_npz(path, arrays)
+
+    @classmethod
+    def load(cls, path, dtype=None):
+        """A model rebuilt from a file written by ``save``."""
+        from .checkpoint import load_npz
+
+        arrays = load_npz(path)
+        if "__config__" not in arrays:
+            raise ValueError(f"{path}: not a tinyvit model file (no __config__ entry)")
+        config = ViTConfig(**json.loads(str(arrays.pop("__config__"))))
+        model = cls(config, dtype=dtype)
+        model.load_state_dict(arrays)
+        return model
+
+    # -- summary ---------------------------------------------------------------
+
+    def summary(self, print_fn=print):
+        """Print (and return) a table of layers, output shapes and parameter counts,
+        like the torchsummary tables people print for ViT (B = batch)."""
+        c = self.config
+        N, D, K = c.num_patches + 1, c.embed_dim, c.num_classes
+        hidden = int(D * c.mlp_ratio)
+        rows = [("patch_embed.proj (Conv2d as Linear)", (N - 1, D), self.patch_embed)]
+        rows.append(("cls_token + pos_embed", (N, D), (self.cls_token, self.pos_embed)))
+        for i, block in enumerate(self.blocks):
+            p = f"blocks.{i}"
+            rows += [
+                (f"{p}.norm1 (LayerNorm)", (N, D), block.norm1),
+                (f"{p}.attn.qkv (Linear)", (N, 3 * D), block.attn.qkv),
+                (f"{p}.attn.softmax ({c.num_heads} heads)", (c.num_heads, N, N), None),
+                (f"{p}.attn.proj (Linear)", (N, D), block.attn.proj),
+                (f"{p}.norm2 (LayerNorm)", (N, D), block.norm2),
+                (f"{p}.mlp.fc1 (Linear)", (N, hidden), block.mlp.fc1),
+                (f"{p}.mlp.act (GELU)", (N, hidden), None),
+                (f"{p}.mlp.fc2 (Linear)", (N, D), block.mlp.fc2),
+            ]
+        norm_name = "fc_norm" if c.pool == "mean" else "norm"
+        rows.append((f"pool ({c.pool})", (D,), None))
+        rows.append((f"{norm_name} (LayerNorm)", (D,), self.norm))
+        rows.append(("head (Linear)", (K,), self.head))
+
+        def count(owner):
+            if owner is None:
+                return 0
+            if isinstance(owner, tuple):
+                return sum(p.data.size for p in owner)
+            return owner.num_parameters()
+
+        width = max(len(r[0]) for r in rows) + 2
+        rule = "-" * (width + 36)
+        lines = [rule, f"{'Layer (type)':<{width}}{'Output shape':<22}{'Param #':>14}", rule]
+        for name, shape, owner in rows:
+            shape_text = "[B, " + ", ".join(str(s) for s in shape) + "]"
+            lines.append(f"{name:<{width}}{shape_text:<22}{count(owner):>14,}")
+        total = self.num_parameters()
+        lines += [
+            rule,
+            f"Total params: {total:,}",
+            f"Trainable params: {total:,}",
+            f"Input: [B, {c.in_channels}, {c.image_size}, {c.image_size}], "
+            f"patch_size {c.patch_size}, {N - 1} patches + 1 class token",
+            rule,
+        ]
+        text = "\n".join(lines)
+        print_fn(text)
+        return text
