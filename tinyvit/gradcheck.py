@@ -7,8 +7,9 @@ central difference
 
     numeric_i = (L(theta + h e_i) - L(theta - h e_i)) / (2 h),   h = 1e-5,
 
-whose error is O(h^2) from truncation plus O(eps_machine |L| / h) from rounding:
-about 1e-10 in float64. A random ``dout`` matters: with dout = 1, a softmax
+whose error is O(h^2 |L'''|) from truncation plus O(eps_machine |L| / h) from
+rounding; in float64, h = 1e-5 balances the two at about 1e-10 (on a small ViT
+it gave the smallest errors of h in 1e-6 ... 1e-4). A random ``dout`` matters: with dout = 1, a softmax
 whose backward returns zeros would pass, since sum(softmax(x)) is constant.
 
 The error reported for each tensor is the max-norm relative error
