@@ -139,6 +139,12 @@ def rng(seed):
     return _active.random.default_rng(seed)
 
 
+def host_rng(seed):
+    """A seeded NumPy generator on the host, whatever the backend (for weight init
+    and data order, so a seed means the same thing on NumPy and on CuPy)."""
+    return numpy.random.default_rng(seed)
+
+
 def synchronize():
     """Wait for the GPU to finish queued work (for timing); a no-op on NumPy."""
     if _active is not numpy:

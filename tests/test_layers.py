@@ -1,0 +1,313 @@
+"""Every layer alone: forward values, and backward against central differences.
+
+All checks run in float64 (the ``backend`` fixture sets it) with a random
+upstream gradient, at several shapes: batch 1, token counts that are not powers
+of two, and non-contiguous inputs. The bar: max relative error <= 1e-7.
+"""
+
+import math
+
+import numpy as np
+import pytest
+
+from tinyvit import backend as B
+from tinyvit.gradcheck import gradient_check
+from tinyvit.layers import (
+    GELU,
+    Attention,
+    Block,
+    Dropout,
+    LayerNorm,
+    Linear,
+    MLP,
+    PatchEmbed,
+    Patchify,
+    Residual,
+    erf_and_gauss,
+    softmax,
+)
+
+TOL = 1e-7
+SHAPES = [(1, 5, 8), (3, 17, 8), (2, 10, 12)]  # (B, N, D): batch 1, N = 5, 17, 10
+
+
+def randn(*shape, seed=0):
+    return B.to_device(B.host_rng(seed).standard_normal(shape))
+
+
+def jitter(module, seed=1, scale=0.2):
+    """Move parameters off their neat initial values (unit gammas, zero biases),
+    which could hide a backward that mixes them up."""
+    for p in module.parameters():
+        p.data[...] += B.to_device(B.host_rng(seed).standard_normal(p.shape)) * scale
+        seed += 1
+    return module
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear_gradients(backend, shape, bias):
+    layer = jitter(Linear(shape[-1], 6, bias=bias, rng=B.host_rng(0)))
+    report = gradient_check(layer, randn(*shape)).assert_ok(TOL)
+    assert [c.name for c in report.checks] == ["input", "weight"] + (["bias"] if bias else [])
+
+
+def test_linear_matches_formula(backend):
+    layer = Linear(4, 3, rng=B.host_rng(0))
+    layer.bias.data[...] = B.to_device(np.array([1.0, -2.0, 0.5]))
+    x = randn(2, 4)
+    expected = B.to_host(x) @ B.to_host(layer.weight.data).T + [1.0, -2.0, 0.5]
+    np.testing.assert_allclose(B.to_host(layer.forward(x)), expected, rtol=1e-14, atol=1e-14)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_layernorm_gradients(backend, shape):
+    gradient_check(jitter(LayerNorm(shape[-1])), randn(*shape)).assert_ok(TOL)
+
+
+def test_layernorm_normalizes_rows(backend):
+    y = B.to_host(LayerNorm(16).forward(randn(4, 16) * 3 + 5))
+    np.testing.assert_allclose(y.mean(axis=-1), 0, atol=1e-12)
+    np.testing.assert_allclose(y.var(axis=-1), 1 / (1 + 1e-6 / y.var(axis=-1)), rtol=1e-5)
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_gelu_gradients(backend, shape, approximate):
+    gradient_check(GELU(approximate), randn(*shape) * 2).assert_ok(TOL)
+
+
+def test_erf_float64_is_exact_to_rounding(backend):
+    z = np.linspace(-8, 8, 3201)
+    erf, gauss = erf_and_gauss(B.to_device(z))
+    expected = np.array([math.erf(v) for v in z])
+    np.testing.assert_allclose(B.to_host(erf), expected, rtol=0, atol=1.5e-15)
+    np.testing.assert_allclose(B.to_host(gauss), np.exp(-z * z), rtol=1e-15)
+
+
+def test_erf_float32_within_float32_rounding(backend):
+    z = np.linspace(-6, 6, 4001).astype(np.float32)
+    erf, _ = erf_and_gauss(B.to_device(z))
+    assert erf.dtype == np.float32
+    expected = np.array([math.erf(float(v)) for v in z])
+    assert np.abs(B.to_host(erf) - expected).max() < 5e-7  # float32 spacing near 1: 6e-8
+
+
+def test_gelu_matches_exact_definition(backend):
+    x = np.linspace(-10, 10, 2001)
+    y = B.to_host(GELU().forward(B.to_device(x)))
+    expected = np.array([v * 0.5 * (1 + math.erf(v / math.sqrt(2))) for v in x])
+    np.testing.assert_allclose(y, expected, rtol=0, atol=1e-13)
+
+
+def test_gelu_matches_torch_to_1e12(backend):
+    torch = pytest.importorskip("torch")
+    x = np.random.default_rng(0).standard_normal(10_000) * 4
+    for approximate in ("none", "tanh"):
+        ours = B.to_host(GELU(approximate).forward(B.to_device(x)))
+        theirs = torch.nn.GELU(approximate=approximate)(torch.from_numpy(x)).numpy()
+        assert np.abs(ours - theirs).max() <= 1e-12
+
+
+def test_gelu_rejects_integer_input(backend):
+    with pytest.raises(ValueError, match="expected a float array, got dtype int"):
+        GELU().forward(B.to_device(np.arange(4)))
+
+
+def test_softmax_is_stable_and_normalized(backend):
+    s = B.to_device(np.array([[1000.0, 1000.0, -1000.0], [0.0, 1.0, 2.0]]))
+    p = B.to_host(softmax(s))
+    np.testing.assert_allclose(p[0], [0.5, 0.5, 0.0])
+    np.testing.assert_allclose(p.sum(axis=-1), 1.0)
+
+
+def test_patchify_layout_and_exact_inverse(backend):
+    x = randn(2, 3, 8, 12)
+    layer = Patchify(4)
+    patches = layer.forward(x)
+    assert patches.shape == (2, 6, 48)
+    # patch (row 1, col 2) of image 1, flattened in (C, P, P) order
+    np.testing.assert_array_equal(
+        B.to_host(patches[1, 1 * 3 + 2]), B.to_host(x[1, :, 4:8, 8:12]).reshape(-1)
+    )
+    np.testing.assert_array_equal(B.to_host(layer.backward(patches)), B.to_host(x))
+
+
+def test_patch_embed_is_a_strided_convolution(backend):
+    layer = jitter(PatchEmbed(4, 2, 5, rng=B.host_rng(0)))
+    x = randn(2, 2, 8, 8)
+    y = B.to_host(layer.forward(x))  # (B, N, D)
+    weight = B.to_host(layer.weight_to_conv(layer.proj.weight.data))  # (D, C, P, P)
+    bias, xh = B.to_host(layer.proj.bias.data), B.to_host(x)
+    for i, j in [(0, 0), (1, 0), (1, 1)]:  # conv output at patch row i, col j
+        window = xh[:, :, 4 * i : 4 * i + 4, 4 * j : 4 * j + 4]  # (B, C, P, P)
+        expected = np.einsum("bcyx,dcyx->bd", window, weight) + bias
+        np.testing.assert_allclose(y[:, 2 * i + j], expected, rtol=1e-13, atol=1e-13)
+    np.testing.assert_array_equal(
+        B.to_host(layer.weight_from_conv(layer.weight_to_conv(layer.proj.weight.data))),
+        B.to_host(layer.proj.weight.data),
+    )
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_patch_embed_gradients(backend, batch):
+    layer = jitter(PatchEmbed(4, 3, 6, rng=B.host_rng(0)))
+    gradient_check(layer, randn(batch, 3, 8, 12)).assert_ok(TOL)
+
+
+def test_patchify_rejects_indivisible_size(backend):
+    with pytest.raises(ValueError, match="10x8 is not divisible by patch_size 4"):
+        Patchify(4).forward(randn(1, 1, 10, 8))
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_attention_gradients(backend, shape):
+    layer = jitter(Attention(shape[-1], num_heads=2, rng=B.host_rng(0)))
+    gradient_check(layer, randn(*shape)).assert_ok(TOL)
+
+
+def test_attention_on_noncontiguous_input(backend):
+    x = randn(10, 3, 8).transpose(1, 0, 2)  # (3, 10, 8), a strided view
+    assert not x.flags.c_contiguous
+    layer = jitter(Attention(8, num_heads=4, rng=B.host_rng(0)))
+    gradient_check(layer, x).assert_ok(TOL)
+
+
+def test_attention_matches_per_head_loop(backend):
+    """The batched heads equal the paper's per-head formula, done with loops."""
+    layer = jitter(Attention(6, num_heads=3, rng=B.host_rng(0)))
+    x = randn(2, 5, 6)
+    y = B.to_host(layer.forward(x))
+    w, b = B.to_host(layer.qkv.weight.data), B.to_host(layer.qkv.bias.data)
+    qkv = B.to_host(x) @ w.T + b  # (B, N, 3D)
+    heads = []
+    for h in range(3):
+        q, k, v = (qkv[..., i * 6 + 2 * h : i * 6 + 2 * h + 2] for i in range(3))
+        s = q @ k.transpose(0, 2, 1) / math.sqrt(2)
+        a = np.exp(s) / np.exp(s).sum(-1, keepdims=True)
+        heads.append(a @ v)
+    expected = np.concatenate(heads, -1) @ B.to_host(layer.proj.weight.data).T
+    expected += B.to_host(layer.proj.bias.data)
+    np.testing.assert_allclose(y, expected, rtol=1e-12, atol=1e-12)
+    attn = B.to_host(layer.attn)  # kept for inspection
+    assert attn.shape == (2, 3, 5, 5)
+    np.testing.assert_allclose(attn.sum(-1), 1.0)
+
+
+def test_attention_rejects_bad_head_count(backend):
+    with pytest.raises(ValueError, match="embed_dim 10 is not divisible by num_heads 3"):
+        Attention(10, 3)
+
+
+def test_broken_softmax_backward_is_caught(backend):
+    """A softmax backward that drops the -A * sum(dA * A) term must fail the check."""
+    layer = jitter(Attention(8, num_heads=2, rng=B.host_rng(0)))
+    x = randn(2, 5, 8)
+    gradient_check(layer, x).assert_ok(TOL)
+    layer.backward = _softmax_without_correction(layer)
+    with pytest.raises(AssertionError, match="gradient check failed"):
+        gradient_check(layer, x).assert_ok(TOL)
+
+
+def _softmax_without_correction(layer):
+    """Attention.backward with dS = A * dA (the row-sum term forgotten)."""
+    import types
+
+    def backward(self, dout):
+        q, k, v, attn, attn_d = self.cache
+        Bsz, H, N, Dh = q.shape
+        dctx = self.proj.backward(dout).reshape(Bsz, N, H, Dh).transpose(0, 2, 1, 3)
+        dattn = dctx @ v.transpose(0, 1, 3, 2)
+        dv = attn_d.transpose(0, 1, 3, 2) @ dctx
+        dscores = attn * dattn * self.scale
+        dq, dk = dscores @ k, dscores.transpose(0, 1, 3, 2) @ q
+        dqkv = B.xp.stack([dq, dk, dv]).transpose(1, 3, 0, 2, 4).reshape(Bsz, N, 3 * H * Dh)
+        return self.qkv.backward(dqkv)
+
+    return types.MethodType(backward, layer)
+
+
+def test_dropout_masks_scale_and_reuse(backend):
+    layer = Dropout(0.25, rng=B.rng(0))
+    x = B.xp.ones((200, 100))
+    y = B.to_host(layer.forward(x))
+    assert set(np.unique(y)) == {0.0, 1 / 0.75}
+    assert abs((y == 0).mean() - 0.25) < 0.01
+    dx = B.to_host(layer.backward(B.xp.full((200, 100), 2.0)))
+    np.testing.assert_array_equal(dx, 2.0 * y)  # the forward's mask, reused
+    layer.eval()
+    assert layer.forward(x) is x
+    np.testing.assert_array_equal(B.to_host(layer.backward(x)), B.to_host(x))
+
+
+def test_dropout_without_generator_says_so(backend):
+    with pytest.raises(RuntimeError, match="no random generator"):
+        Dropout(0.1).forward(B.xp.ones(3))
+
+
+def test_dropout_gradients_under_fixed_seed(backend):
+    layer = Dropout(0.3)
+    layer.rng = B.rng(5)
+
+    def reseed():
+        layer.rng = B.rng(5)
+
+    gradient_check(layer, randn(2, 5, 8), before_forward=reseed).assert_ok(TOL)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_mlp_gradients(backend, shape):
+    layer = jitter(MLP(shape[-1], 2 * shape[-1], rng=B.host_rng(0)))
+    gradient_check(layer, randn(*shape)).assert_ok(TOL)
+
+
+def test_residual_gradients_and_skip(backend):
+    branch = jitter(Linear(8, 8, rng=B.host_rng(0)))
+    layer = Residual(branch)
+    x = randn(2, 5, 8)
+    np.testing.assert_allclose(
+        B.to_host(layer.forward(x)), B.to_host(x + branch.forward(x)), rtol=1e-15
+    )
+    gradient_check(layer, x).assert_ok(TOL)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_block_gradients(backend, shape):
+    layer = jitter(Block(shape[-1], num_heads=2, mlp_ratio=2.0, rng=B.host_rng(0)))
+    gradient_check(layer, randn(*shape)).assert_ok(TOL)
+
+
+def test_block_gradients_with_dropout(backend):
+    layer = jitter(Block(8, 2, 2.0, dropout=0.2, attn_dropout=0.1, rng=B.host_rng(0)))
+
+    def reseed():
+        generator = B.rng(7)
+        for _, module in layer.named_modules():
+            if isinstance(module, Dropout):
+                module.rng = generator
+
+    gradient_check(layer, randn(2, 5, 8), before_forward=reseed).assert_ok(TOL)
+
+
+def test_gradients_accumulate_until_zero_grad(backend):
+    layer = jitter(Block(8, 2, 2.0, rng=B.host_rng(0)))
+    x, dout = randn(2, 5, 8), randn(2, 5, 8, seed=3)
+    layer.forward(x)
+    layer.backward(dout)
+    once = {n: B.to_host(p.grad).copy() for n, p in layer.named_parameters()}
+    layer.backward(dout)
+    for n, p in layer.named_parameters():
+        np.testing.assert_allclose(B.to_host(p.grad), 2 * once[n], rtol=1e-14)
+    layer.zero_grad()
+    assert all(float(abs(p.grad).max()) == 0 for p in layer.parameters())
+
+
+@pytest.mark.parametrize("layer", [Linear(4, 4), LayerNorm(4), GELU(), Attention(4, 2), Patchify(2)])
+def test_backward_before_forward_is_an_error(layer):
+    with pytest.raises(RuntimeError, match="backward called before forward"):
+        layer.backward(B.xp.ones((1, 4, 4)))
+
+
+def test_linear_rejects_wrong_width(backend):
+    with pytest.raises(ValueError, match="expected last axis 4, got input of shape"):
+        Linear(4, 2).forward(randn(3, 5))

@@ -1,0 +1,70 @@
+"""Checkpoints that survive a crash: one ``.npz`` file, written atomically.
+
+A file is first written in full to a temporary name beside the target, flushed
+to disk, then renamed over the target (``os.replace`` is atomic on POSIX and
+Windows), so a crash or Ctrl-C mid-write leaves the previous checkpoint intact.
+
+A training checkpoint holds: the model (state dict, timm layout) under
+``model/<key>``, the optimizer's state under ``optim/<key>``, and a JSON ``meta``
+entry (config, epoch, step, metrics history, ...). Random state needs no entry:
+data order, augmentation and dropout are seeded from (seed, epoch, step).
+"""
+
+import json
+import os
+import tempfile
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+from .backend import to_host
+
+
+def save_npz(path, arrays):
+    """Write ``{name: array or str}`` to ``path`` atomically (temporary file, then rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    host = {k: (np.array(v) if isinstance(v, str) else to_host(v)) for k, v in arrays.items()}
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **host)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    return path
+
+
+def load_npz(path):
+    """Read a file written by ``save_npz`` into a dict (0-d string entries as str)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no such checkpoint file: {path}")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {k: (str(data[k]) if data[k].dtype.kind == "U" else data[k]) for k in data.files}
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
+        raise ValueError(f"{path}: not a readable .npz checkpoint ({e})") from e
+
+
+def save_checkpoint(path, model, optimizer, meta):
+    """Save model, optimizer state and ``meta`` (a JSON-able dict) to one file."""
+    arrays = {f"model/{k}": v for k, v in model.state_dict().items()}
+    arrays.update({f"optim/{k}": v for k, v in optimizer.state_dict().items()})
+    arrays["meta"] = json.dumps(meta)
+    return save_npz(path, arrays)
+
+
+def load_checkpoint(path):
+    """Return (model_state, optim_state, meta) from a file written by ``save_checkpoint``."""
+    arrays = load_npz(path)
+    if "meta" not in arrays:
+        raise ValueError(f"{path}: not a tinyvit training checkpoint (no meta entry)")
+    model_state = {k[6:]: v for k, v in arrays.items() if k.startswith("model/")}
+    optim_state = {k[6:]: v for k, v in arrays.items() if k.startswith("optim/")}
+    return model_state, optim_state, json.loads(arrays["meta"])
