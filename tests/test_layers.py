@@ -23,7 +23,8 @@ from tinyvit.layers import (
     PatchEmbed,
     Patchify,
     Residual,
-    erf_and_gauss,
+    erf,
+    normal_cdf_and_pdf,
     softmax,
 )
 
@@ -79,18 +80,20 @@ def test_gelu_gradients(backend, shape, approximate):
 
 def test_erf_float64_is_exact_to_rounding(backend):
     z = np.linspace(-8, 8, 3201)
-    erf, gauss = erf_and_gauss(B.to_device(z))
     expected = np.array([math.erf(v) for v in z])
-    np.testing.assert_allclose(B.to_host(erf), expected, rtol=0, atol=1.5e-15)
-    np.testing.assert_allclose(B.to_host(gauss), np.exp(-z * z), rtol=1e-15)
+    np.testing.assert_allclose(B.to_host(erf(B.to_device(z))), expected, rtol=0, atol=1.5e-15)
 
 
-def test_erf_float32_within_float32_rounding(backend):
-    z = np.linspace(-6, 6, 4001).astype(np.float32)
-    erf, _ = erf_and_gauss(B.to_device(z))
-    assert erf.dtype == np.float32
-    expected = np.array([math.erf(float(v)) for v in z])
-    assert np.abs(B.to_host(erf) - expected).max() < 5e-7  # float32 spacing near 1: 6e-8
+@pytest.mark.parametrize("dtype, atol", [(np.float64, 1e-15), (np.float32, 5e-7)])
+def test_normal_cdf_and_pdf(backend, dtype, atol):
+    """float32 takes the A&S 7.1.26 path: within float32 rounding (spacing 6e-8 near 1)."""
+    x = np.linspace(-9, 9, 4001).astype(dtype)
+    cdf, pdf = normal_cdf_and_pdf(B.to_device(x))
+    assert cdf.dtype == dtype and pdf.dtype == dtype
+    exact_cdf = np.array([0.5 * math.erfc(-float(v) / math.sqrt(2)) for v in x])
+    exact_pdf = np.exp(-0.5 * x.astype(np.float64) ** 2) / math.sqrt(2 * math.pi)
+    assert np.abs(B.to_host(cdf) - exact_cdf).max() < atol
+    np.testing.assert_allclose(B.to_host(pdf), exact_pdf, rtol=0, atol=atol)
 
 
 def test_gelu_matches_exact_definition(backend):

@@ -337,37 +337,57 @@ _SQRT_HALF = 1.0 / math.sqrt(2.0)
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 _TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
 _SERIES_TERMS = 100  # enough for |z| <= 6 to float64 rounding; erf(6) = 1 - 2e-17
+_AS_P = 0.3275911  # Abramowitz & Stegun 7.1.26
+_AS_A = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
 
 
-def erf_and_gauss(z):
-    """Return (erf(z), exp(-z^2)); NumPy has no erf, so it is computed here.
+def erf(z):
+    """erf(z) in float64, exact to rounding (NumPy has no erf).
 
-    float64: the series with positive terms (Abramowitz & Stegun 7.1.6)
+    The series with positive terms (Abramowitz & Stegun 7.1.6)
         erf(z) = 2/sqrt(pi) exp(-z^2) sum_n 2^n z^(2n+1) / (1*3*...*(2n+1)),
     each term the previous times 2 z^2 / (2n+1). With no cancellation it is exact
     to rounding; 100 terms reach float64 precision for |z| <= 6, and beyond that
     erf(z) = sign(z) to float64 precision (z is clipped there).
-    float32: A&S 7.1.26, erf(|z|) = 1 - t (a1 + t (a2 + ... t a5)) exp(-z^2) with
-    t = 1 / (1 + p|z|), absolute error below 1.5e-7, plus float32 rounding of z^2
-    and exp: measured below 5e-7 (float32 spacing near 1 is 6e-8).
-    Both give exp(-z^2) too, which GELU's derivative needs.
     """
-    gauss = xp.exp(-z * z)
-    if z.dtype == xp.float64:
-        zc = xp.clip(z, -6.0, 6.0)
-        two_z2 = 2.0 * zc * zc
-        term = zc.copy()
-        total = zc.copy()
-        for n in range(1, _SERIES_TERMS):
-            term *= two_z2 / (2 * n + 1)
-            total += term
-        erf = xp.clip(_TWO_OVER_SQRT_PI * xp.exp(-zc * zc) * total, -1.0, 1.0)
-        return erf, gauss
-    a = xp.abs(z)
-    t = 1.0 / (1.0 + 0.3275911 * a)
-    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
-    erf_abs = 1.0 - poly * gauss
-    return xp.where(z < 0, -erf_abs, erf_abs), gauss
+    z = xp.clip(z, -6.0, 6.0)
+    two_z2 = 2.0 * z * z
+    term, total = z.copy(), z.copy()
+    for n in range(1, _SERIES_TERMS):
+        term *= two_z2 / (2 * n + 1)
+        total += term
+    return xp.clip(_TWO_OVER_SQRT_PI * xp.exp(-z * z) * total, -1.0, 1.0)
+
+
+def normal_cdf_and_pdf(x):
+    """(Phi(x), phi(x)): the standard normal CDF and density, which GELU needs.
+
+    phi(x) = exp(-x^2/2) / sqrt(2 pi); Phi(x) = (1 + erf(x / sqrt 2)) / 2.
+    float64 uses the exact ``erf`` above. float32 (training) uses A&S 7.1.26,
+        Phi(-|x|) = erfc(|x|/sqrt2) / 2 = t (a1 + t (a2 + ... + t a5)) exp(-x^2/2) / 2,
+        t = 1 / (1 + p |x| / sqrt2),
+    absolute error below 1.5e-7 plus float32 rounding (measured below 5e-7;
+    float32 spacing near 1 is 6e-8), then Phi(x) = Phi(-|x|) + [x >= 0] (1 - 2 Phi(-|x|)):
+    multiplies and adds only, in place, no branch per element.
+    """
+    gauss = xp.exp(-0.5 * x * x)  # exp(-x^2/2)
+    pdf = gauss * _INV_SQRT_2PI
+    if x.dtype == xp.float64:
+        return 0.5 * (1.0 + erf(x * _SQRT_HALF)), pdf
+    t = xp.abs(x)
+    t *= _AS_P * _SQRT_HALF
+    t += 1.0
+    xp.reciprocal(t, out=t)
+    tail = t * _AS_A[-1]  # Horner: tail = t (a1 + t (a2 + ...))
+    for a in reversed(_AS_A[:-1]):
+        tail += a
+        tail *= t
+    tail *= gauss
+    tail *= 0.5  # Phi(-|x|)
+    cdf = 1.0 - 2.0 * tail
+    cdf *= x >= 0
+    cdf += tail
+    return cdf, pdf
 
 
 class GELU(Module):
@@ -404,11 +424,11 @@ class GELU(Module):
 
 
 def _gelu_erf(x):
-    erf, gauss = erf_and_gauss(x * _SQRT_HALF)  # exp(-(x/sqrt2)^2) = exp(-x^2/2)
-    cdf = 0.5 * (1.0 + erf)
+    cdf, pdf = normal_cdf_and_pdf(x)
     y = x * cdf
-    dydx = cdf + x * gauss * _INV_SQRT_2PI
-    return y, dydx
+    pdf *= x
+    pdf += cdf  # dy/dx = Phi(x) + x phi(x)
+    return y, pdf
 
 
 def _gelu_tanh(x):

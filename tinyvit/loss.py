@@ -10,7 +10,7 @@ class SoftmaxCrossEntropy(Module):
     ``forward(logits, target)``: logits (B, K) float; target either integer labels
     (B,) in [0, K), turned into t = (1 - smoothing) onehot + smoothing / K (as
     PyTorch's ``label_smoothing``), or soft targets (B, K) whose rows sum to 1
-    (mixup, cutmix), used as they are. Returns a 0-d array (the loss).
+    (mixup, cutmix), used as they are. Returns the loss as a scalar on the device.
     """
 
     def __init__(self, label_smoothing=0.0):
