@@ -14,6 +14,7 @@ import json
 import os
 import tempfile
 import zipfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -21,23 +22,30 @@ import numpy as np
 from .backend import to_host
 
 
-def save_npz(path, arrays):
-    """Write ``{name: array or str}`` to ``path`` atomically (temporary file, then rename)."""
+@contextmanager
+def atomic_write(path):
+    """Yield a temporary binary file beside ``path``; when the block succeeds it is
+    flushed to disk and renamed over ``path``, otherwise removed, so ``path`` is
+    never half-written and keeps its old content on any error."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    host = {k: (np.array(v) if isinstance(v, str) else to_host(v)) for k, v in arrays.items()}
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    out = tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False)
     try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **host)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-    return path
+        with out:
+            yield out
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(out.name, path)
+    finally:
+        Path(out.name).unlink(missing_ok=True)
+
+
+def save_npz(path, arrays):
+    """Write ``{name: array or str}`` to ``path`` atomically."""
+    host = {k: (np.array(v) if isinstance(v, str) else to_host(v)) for k, v in arrays.items()}
+    with atomic_write(path) as f:
+        np.savez(f, **host)
+    return Path(path)
 
 
 def load_npz(path):

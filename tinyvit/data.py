@@ -46,10 +46,8 @@ import pickle
 import shutil
 import struct
 import tarfile
-import tempfile
 import urllib.request
 import zlib
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,6 +56,7 @@ from tqdm import tqdm
 
 from . import backend
 from .backend import to_device, xp
+from .checkpoint import atomic_write
 
 SPLITS = ("train", "test")
 IDX_IMAGES_MAGIC = 2051  # 0x00000803: unsigned bytes, 3 dimensions
@@ -556,20 +555,8 @@ def _check_member(tarball, member):
 def _extract_member(tar, member, destination):
     target = destination / member.name
     target.parent.mkdir(parents=True, exist_ok=True)
-    with _atomic_write(target) as out:
+    with atomic_write(target) as out:
         shutil.copyfileobj(tar.extractfile(member), out, CHUNK_BYTES)
-
-
-@contextmanager
-def _atomic_write(target):
-    """A temporary file next to ``target``, renamed to it only if the block succeeds."""
-    out = tempfile.NamedTemporaryFile(dir=target.parent, prefix=f".{target.name}.", suffix=".part", delete=False)
-    try:
-        with out:
-            yield out
-        os.replace(out.name, target)
-    finally:
-        Path(out.name).unlink(missing_ok=True)
 
 
 # --------------------------------------------------------------------------- downloads
@@ -611,7 +598,7 @@ def download_file(urls, target, algorithm, expected):
 
 def _download_one(url, target, algorithm, expected):
     digest = hashlib.new(algorithm)
-    with _atomic_write(target) as out, urllib.request.urlopen(url, timeout=60) as response:
+    with atomic_write(target) as out, urllib.request.urlopen(url, timeout=60) as response:
         size = int(response.headers.get("Content-Length") or 0) or None
         with tqdm(total=size, unit="B", unit_scale=True, desc=target.name) as bar:
             while chunk := response.read(CHUNK_BYTES):

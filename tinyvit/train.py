@@ -1,0 +1,381 @@
+"""Training: the loop, evaluation, checkpoints, metrics, and the pictures of a run.
+
+One ``TrainConfig`` describes a run. ``fit(config)`` trains and, after every
+epoch, evaluates on the test split and writes to ``config.out_dir``:
+``last.npz`` (everything needed to resume), ``best.npz`` (the best test accuracy
+so far), ``metrics.json`` (one row per epoch) and ``curves.png``. At the end it
+also writes ``confusion.png`` and per-class accuracy into ``metrics.json``.
+
+Reproducibility: the data order, the augmentation and the dropout masks of step
+b in epoch e are all seeded from ``(seed, e, b)``, so the only state is the
+weights, the optimizer and the position (epoch, step). That makes a resumed run,
+on NumPy with the same seed, end with exactly the weights of an uninterrupted one.
+"""
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import numpy as np  # host-side bookkeeping only: metrics, confusion matrix
+from tqdm import tqdm
+
+from . import augment as aug
+from . import plot
+from .backend import get_backend, rng as device_rng, set_backend, to_device, to_host
+from .checkpoint import atomic_write, load_checkpoint, save_checkpoint
+from .data import Batches, dataset_info, load_dataset
+from .loss import SoftmaxCrossEntropy
+from .model import PRESETS, ViT
+from .optim import SGD, AdamW, clip_grad_norm, warmup_cosine
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    """Everything that defines a run (saved in every checkpoint)."""
+
+    dataset: str = "mnist"
+    model: str = "mnist"  # a preset of tinyvit.model.PRESETS
+    model_overrides: dict = dataclasses.field(default_factory=dict)  # e.g. {"depth": 6}
+    epochs: int = 30
+    batch_size: int = 128
+    optimizer: str = "adamw"  # or "sgd" (momentum 0.9, Nesterov)
+    lr: float = 2e-3  # peak learning rate
+    min_lr: float = 0.0
+    warmup_epochs: float = 1.0
+    weight_decay: float = 0.05
+    label_smoothing: float = 0.1
+    clip_grad: float = 0.0  # max global gradient norm; 0 = no clipping
+    max_shift: int = 2  # random translation by up to this many pixels (0 = off)
+    flip: bool = False  # random horizontal flip
+    erasing: float = 0.0  # random erasing probability
+    mixup: float = 0.0  # mixup alpha (0 = off)
+    cutmix: float = 0.0  # cutmix alpha (0 = off); with both, each batch picks one
+    seed: int = 0
+    data_dir: str = None
+    out_dir: str = "runs/mnist"
+    backend: str = "numpy"
+    eval_batch_size: int = 500
+    log_every: int = 20  # steps between progress-bar updates (host transfers)
+    train_subset: int = 0  # use only the first N training images (0 = all)
+    test_subset: int = 0
+
+    def __post_init__(self):
+        if self.model not in PRESETS:
+            raise ValueError(f"unknown model preset {self.model!r}; presets: {', '.join(PRESETS)}")
+        if self.optimizer not in ("adamw", "sgd"):
+            raise ValueError(f"optimizer must be 'adamw' or 'sgd', got {self.optimizer!r}")
+        for name in ("epochs", "batch_size", "eval_batch_size", "log_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+
+    def model_config(self):
+        """The ViT config: the preset, with the dataset's shape and classes, then overrides."""
+        info = dataset_info(self.dataset)
+        channels, size, _ = info.image_shape
+        fields = dict(in_channels=channels, image_size=size, num_classes=len(info.classes))
+        return dataclasses.replace(PRESETS[self.model], **{**fields, **self.model_overrides})
+
+
+# -- one step and evaluation ------------------------------------------------------
+
+
+class Trainer:
+    """Model, loss, optimizer and schedule for one run; ``step`` is one update."""
+
+    def __init__(self, config, model=None):
+        self.config = config
+        self.model = model or ViT(config.model_config(), seed=config.seed)
+        self.criterion = SoftmaxCrossEntropy(config.label_smoothing)
+        if config.optimizer == "adamw":
+            self.optimizer = AdamW(self.model, config.lr, weight_decay=config.weight_decay)
+        else:
+            self.optimizer = SGD(self.model, config.lr, momentum=0.9, nesterov=True,
+                                 weight_decay=config.weight_decay)
+        self.num_classes = self.model.config.num_classes
+
+    def lr_at(self, step, steps_per_epoch):
+        c = self.config
+        return warmup_cosine(step, c.epochs * steps_per_epoch,
+                             round(c.warmup_epochs * steps_per_epoch), c.lr, c.min_lr)
+
+    def mix(self, x, y, seed):
+        """Mixup or cutmix (one of the two, chosen per batch), with soft targets."""
+        c = self.config
+        if not (c.mixup or c.cutmix):
+            return x, y
+        rng = device_rng(seed)
+        use_cutmix = c.cutmix and (not c.mixup or float(rng.random(1)[0]) < 0.5)
+        if use_cutmix:
+            return aug.cutmix(x, y, self.num_classes, rng, alpha=c.cutmix)
+        return aug.mixup(x, y, self.num_classes, rng, alpha=c.mixup)
+
+    def step(self, x, y, lr, seed):
+        """Forward, loss, backward and update on one batch. Returns device scalars
+        (loss, number of correct predictions) so nothing waits for the host."""
+        self.model.train()
+        self.model.seed_dropout(seed)
+        x, target = self.mix(x, y, seed + (1,))
+        logits = self.model.forward(x)
+        loss = self.criterion.forward(logits, target)
+        self.model.zero_grad()
+        self.model.backward(self.criterion.backward())
+        if self.config.clip_grad:
+            clip_grad_norm(self.optimizer.grad, self.config.clip_grad)
+        self.optimizer.step(lr)
+        return loss, (logits.argmax(axis=1) == y).sum()
+
+
+def evaluate(model, batches, criterion=None):
+    """Loss, accuracy and predictions of ``model`` (eval mode) over ``batches``."""
+    criterion = criterion or SoftmaxCrossEntropy()
+    model.eval()
+    total_loss, predictions, labels = 0.0, [], []
+    for x, y in batches.epoch(0):
+        logits = model.forward(x)
+        total_loss += float(criterion.forward(logits, y)) * len(y)
+        predictions.append(to_host(logits.argmax(axis=1)))
+        labels.append(to_host(y))
+    predictions, labels = np.concatenate(predictions), np.concatenate(labels)
+    return total_loss / len(labels), float((predictions == labels).mean()), predictions, labels
+
+
+def confusion_matrix(predictions, labels, num_classes):
+    """counts[i, j] = number of images of class i predicted as class j."""
+    counts = np.zeros((num_classes, num_classes), dtype=np.int64)
+    np.add.at(counts, (labels, predictions), 1)
+    return counts
+
+
+# -- the run ----------------------------------------------------------------------
+
+
+def make_batches(config, split):
+    """The train or test ``Batches`` of a run."""
+    info = dataset_info(config.dataset)
+    images, labels = load_dataset(config.dataset, split, data_dir=config.data_dir)
+    subset = config.train_subset if split == "train" else config.test_subset
+    if subset:
+        images, labels = images[:subset], labels[:subset]
+    if split == "test":
+        return Batches(images, labels, config.eval_batch_size, mean=info.mean, std=info.std)
+    augment = _augmentation(config)
+    return Batches(images, labels, config.batch_size, mean=info.mean, std=info.std,
+                   shuffle=True, drop_last=True, seed=config.seed, augment=augment)
+
+
+def _augmentation(config):
+    steps = []
+    if config.max_shift:
+        steps.append(lambda x, rng: aug.random_crop(x, config.max_shift, rng))
+    if config.flip:
+        steps.append(aug.horizontal_flip)
+    if config.erasing:
+        steps.append(lambda x, rng: aug.random_erasing(x, rng, p=config.erasing))
+    return aug.Compose(*steps) if steps else None
+
+
+def fit(config, resume=None, stop_after_steps=None):
+    """Train (or resume) a run; returns the metrics history.
+
+    ``resume``: a checkpoint written by a previous run (its config is used).
+    Ctrl-C saves ``last.npz`` at the current step and raises KeyboardInterrupt
+    again for the caller. ``stop_after_steps`` simulates such an interruption
+    after that many steps of this call (for tests).
+    """
+    if resume is not None:
+        model_state, optim_state, meta = load_checkpoint(resume)
+        config = TrainConfig(**meta["config"])
+    set_backend(config.backend)
+    out = Path(config.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    train_batches, test_batches = make_batches(config, "train"), make_batches(config, "test")
+    trainer = Trainer(config)
+    state = {"epoch": 0, "step": 0, "global_step": 0, "lr": config.lr, "elapsed": 0.0,
+             "running": _new_running(), "history": [], "best_acc": -1.0}
+    if resume is not None:
+        trainer.model.load_state_dict(model_state)
+        trainer.optimizer.load_state_dict(optim_state)
+        state.update({k: meta[k] for k in state})
+        print(f"resumed from {resume} at epoch {state['epoch'] + 1}, step {state['step']}")
+    _print_start(config, trainer.model, train_batches)
+    steps_done = 0
+    while state["epoch"] < config.epochs:
+        try:
+            steps_done += _train_epoch(trainer, train_batches, state, stop_after_steps, steps_done)
+        except KeyboardInterrupt:
+            path = _save(out / "last.npz", trainer, config, state)
+            print(f"\ninterrupted: saved {path} (epoch {state['epoch'] + 1}, step {state['step']}); "
+                  f"resume with --resume {path}")
+            raise
+        _end_epoch(trainer, test_batches, state, config, out)
+    _finish(trainer, test_batches, state, config, out)
+    return state["history"]
+
+
+def _train_epoch(trainer, batches, state, stop_after_steps, steps_done):
+    """Train from state's (epoch, step) to the end of the epoch; returns steps run.
+
+    The running sums (loss, correct, seen, time) live in ``state`` so that a run
+    interrupted mid-epoch and resumed reports the same epoch metrics."""
+    config, epoch, n = trainer.config, state["epoch"], len(batches)
+    run = state["running"]
+    ran, pending = 0, []  # device scalars not yet read: the host stays out of the step
+    start_time = time.perf_counter()
+
+    def flush():
+        run["loss_sum"] += sum(float(loss) * size for loss, _, size in pending)
+        run["correct"] += sum(int(c) for _, c, _ in pending)
+        run["seen"] += sum(size for _, _, size in pending)
+        pending.clear()
+
+    bar = tqdm(batches.epoch(epoch, start=state["step"]), total=n, initial=state["step"],
+               desc=f"epoch {epoch + 1}/{config.epochs}", unit="batch")
+    try:
+        for x, y in bar:
+            if stop_after_steps is not None and steps_done + ran >= stop_after_steps:
+                raise KeyboardInterrupt
+            state["lr"] = trainer.lr_at(state["global_step"], n)
+            loss, correct = trainer.step(x, y, state["lr"], (config.seed, epoch, state["step"]))
+            pending.append((loss, correct, len(y)))
+            state["step"] += 1
+            state["global_step"] += 1
+            ran += 1
+            if len(pending) == config.log_every:
+                flush()
+                rate = run["seen"] / (run["time"] + time.perf_counter() - start_time)
+                bar.set_postfix(loss=f"{run['loss_sum'] / run['seen']:.4f}",
+                                acc=f"{run['correct'] / run['seen']:.4f}",
+                                lr=f"{state['lr']:.2e}", img_s=f"{rate:.0f}")
+    finally:
+        flush()
+        bar.close()
+        spent = time.perf_counter() - start_time
+        run["time"] += spent
+        state["elapsed"] += spent
+    return ran
+
+
+def _end_epoch(trainer, test_batches, state, config, out):
+    start = time.perf_counter()
+    test_loss, test_acc, _, _ = evaluate(trainer.model, test_batches)
+    state["elapsed"] += time.perf_counter() - start
+    run, epoch = state["running"], state["epoch"]
+    seen = max(run["seen"], 1)
+    row = {
+        "epoch": epoch + 1,
+        "train_loss": run["loss_sum"] / seen,
+        "train_acc": run["correct"] / seen,
+        "test_loss": test_loss,
+        "test_acc": test_acc,
+        "lr": state["lr"],
+        "images_per_s": run["seen"] / max(run["time"], 1e-9),
+        "elapsed_s": state["elapsed"],
+    }
+    state["history"].append(row)
+    state.update(epoch=epoch + 1, step=0, running=_new_running())
+    print(f"epoch {epoch + 1}: train loss {row['train_loss']:.4f} acc {row['train_acc']:.4f} | "
+          f"test loss {test_loss:.4f} acc {test_acc:.4f} | {row['images_per_s']:.0f} img/s | "
+          f"{state['elapsed']:.0f} s")
+    if test_acc > state["best_acc"]:
+        state["best_acc"] = test_acc
+        _save(out / "best.npz", trainer, config, state)
+    _save(out / "last.npz", trainer, config, state)
+    _write_metrics(out, state["history"])
+
+
+def _new_running():
+    return {"loss_sum": 0.0, "correct": 0, "seen": 0, "time": 0.0}
+
+
+def _save(path, trainer, config, state):
+    meta = {"config": dataclasses.asdict(config), **state}
+    return save_checkpoint(path, trainer.model, trainer.optimizer, meta)
+
+
+def _write_metrics(out, history, extra=None):
+    text = json.dumps({"epochs": history, **(extra or {})}, indent=1)
+    with atomic_write(out / "metrics.json") as f:
+        f.write(text.encode())
+    epochs = [row["epoch"] for row in history]
+
+    def series(key):
+        return [plot.Series(split, epochs, [r[f"{split}_{key}"] for r in history], style="both")
+                for split in ("train", "test")]
+
+    plot.line_chart(
+        [plot.Panel("loss", "epoch", "cross-entropy", series("loss")),
+         plot.Panel("accuracy", "epoch", "accuracy", series("acc"))],
+        out / "curves.png",
+        title=f"training curves ({out.name})",
+    )
+
+
+def _finish(trainer, test_batches, state, config, out):
+    """Per-class accuracy and the confusion matrix of the final model."""
+    _, test_acc, predictions, labels = evaluate(trainer.model, test_batches)
+    classes = dataset_info(config.dataset).classes
+    counts = confusion_matrix(predictions, labels, len(classes))
+    per_class = {name: float(counts[i, i] / max(counts[i].sum(), 1)) for i, name in enumerate(classes)}
+    _write_metrics(out, state["history"], {"per_class_accuracy": per_class,
+                                           "confusion_matrix": counts.tolist()})
+    plot.heatmap(counts, out / "confusion.png", title=f"confusion matrix (test accuracy {test_acc:.2%})",
+                 xlabel="predicted", ylabel="true", xticklabels=classes, yticklabels=classes)
+    print("per-class test accuracy: " + ", ".join(f"{k} {v:.3f}" for k, v in per_class.items()))
+    print(f"wrote {out / 'metrics.json'}, {out / 'curves.png'}, {out / 'confusion.png'}, "
+          f"{out / 'best.npz'}, {out / 'last.npz'}")
+
+
+def _print_start(config, model, batches):
+    print(f"{config.dataset}: {batches.images.shape[0]} training images, {len(batches)} steps/epoch, "
+          f"{config.epochs} epochs, backend {get_backend()}")
+    print(f"model: {model.num_parameters():,} parameters, {model.config}")
+
+
+# -- using a trained model ----------------------------------------------------------
+
+
+def load_trained(path):
+    """(model, TrainConfig) from a training checkpoint."""
+    model_state, _, meta = load_checkpoint(path)
+    config = TrainConfig(**meta["config"])
+    model = ViT(config.model_config())
+    model.load_state_dict(model_state)
+    return model.eval(), config
+
+
+def load_image(path, config):
+    """An image file (PNG, JPG, any size or mode) as a normalized (1, C, H, W) batch.
+
+    Converted to the dataset's channels and resized to its image size. MNIST-style
+    data is light strokes on a dark background: a grayscale picture whose border
+    is mostly light (a dark digit on white paper) is inverted to match.
+    """
+    from PIL import Image, ImageOps, UnidentifiedImageError
+
+    info = dataset_info(config.dataset)
+    channels, height, width = info.image_shape
+    try:
+        with Image.open(path) as image:
+            image = ImageOps.exif_transpose(image).convert("L" if channels == 1 else "RGB")
+            image = image.resize((width, height), Image.BILINEAR)
+    except (FileNotFoundError, UnidentifiedImageError) as e:
+        raise ValueError(f"cannot read image {path}: {e}") from e
+    pixels = np.asarray(image, dtype=np.float32) / 255  # (H, W) or (H, W, C)
+    pixels = pixels.reshape(height, width, channels).transpose(2, 0, 1)[None]  # (1, C, H, W)
+    if channels == 1:
+        border = np.concatenate([pixels[0, 0, 0], pixels[0, 0, -1], pixels[0, 0, :, 0], pixels[0, 0, :, -1]])
+        if border.mean() > 0.5:
+            pixels = 1 - pixels
+    mean = np.asarray(info.mean, np.float32).reshape(1, channels, 1, 1)
+    std = np.asarray(info.std, np.float32).reshape(1, channels, 1, 1)
+    return (pixels - mean) / std
+
+
+def predict(model, config, path, top=3):
+    """The ``top`` most likely classes of an image file: [(class name, probability)]."""
+    logits = to_host(model.eval().forward(to_device(load_image(path, config))))[0]
+    probs = np.exp(logits - logits.max())
+    probs /= probs.sum()
+    classes = dataset_info(config.dataset).classes
+    return [(classes[i], float(probs[i])) for i in np.argsort(-probs)[:top]]

@@ -1,0 +1,115 @@
+"""Train a ViT on MNIST (or Fashion-MNIST, or CIFAR-10), evaluate it, or predict an image.
+
+    python train_mnist.py --data-dir ../shared/data                 # the default MNIST recipe
+    python train_mnist.py --dataset fashion-mnist --recipe fashion-mnist
+    python train_mnist.py --resume runs/mnist                         # continue after Ctrl-C
+    python train_mnist.py --eval runs/mnist/best.npz
+    python train_mnist.py --predict digit.png --checkpoint runs/mnist/best.npz
+
+Every flag is optional; ``--recipe`` picks a tested set of defaults (see
+``RECIPES``) that the other flags then override.
+"""
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+from tinyvit.train import TrainConfig, evaluate, fit, load_trained, make_batches, predict
+
+# Tested recipes: what each sets on top of TrainConfig's defaults.
+RECIPES = {
+    "mnist": dict(dataset="mnist", model="mnist", epochs=30),
+}
+
+MODEL_FLAGS = ("patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio", "dropout", "attn_dropout", "pool")
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--recipe", choices=sorted(RECIPES), help="a tested recipe (default: the dataset's)")
+    p.add_argument("--dataset", choices=["mnist", "fashion-mnist", "cifar10"])
+    p.add_argument("--data-dir", help="folder with the dataset files (else $TINYVIT_DATA, the cache, a download)")
+    p.add_argument("--out", dest="out_dir", help="output folder (default runs/<dataset>)")
+    p.add_argument("--backend", choices=["numpy", "cupy"])
+    p.add_argument("--seed", type=int)
+    g = p.add_argument_group("model (a preset, then any field)")
+    g.add_argument("--model", help="preset: mnist, cifar10, vit_tiny_patch16_224, ...")
+    g.add_argument("--patch-size", type=int)
+    g.add_argument("--embed-dim", type=int)
+    g.add_argument("--depth", type=int)
+    g.add_argument("--num-heads", type=int)
+    g.add_argument("--mlp-ratio", type=float)
+    g.add_argument("--dropout", type=float)
+    g.add_argument("--attn-dropout", type=float)
+    g.add_argument("--pool", choices=["cls", "mean"])
+    g = p.add_argument_group("optimization")
+    g.add_argument("--epochs", type=int)
+    g.add_argument("--batch-size", type=int)
+    g.add_argument("--optimizer", choices=["adamw", "sgd"])
+    g.add_argument("--lr", type=float, help="peak learning rate")
+    g.add_argument("--min-lr", type=float)
+    g.add_argument("--warmup", dest="warmup_epochs", type=float, help="warmup epochs")
+    g.add_argument("--weight-decay", type=float)
+    g.add_argument("--label-smoothing", type=float)
+    g.add_argument("--clip-grad", type=float, help="max global gradient norm (0: off)")
+    g = p.add_argument_group("augmentation")
+    g.add_argument("--shift", dest="max_shift", type=int, help="random translation in pixels (0: off)")
+    g.add_argument("--flip", action=argparse.BooleanOptionalAction, default=None)
+    g.add_argument("--erasing", type=float, help="random erasing probability")
+    g.add_argument("--mixup", type=float, help="mixup alpha (0: off)")
+    g.add_argument("--cutmix", type=float, help="cutmix alpha (0: off)")
+    g = p.add_argument_group("other modes")
+    g.add_argument("--resume", metavar="CKPT_OR_DIR", help="continue a run from its last.npz")
+    g.add_argument("--eval", metavar="CKPT", help="evaluate a checkpoint on the test set")
+    g.add_argument("--predict", metavar="IMAGE", help="print the top-3 classes of an image file")
+    g.add_argument("--checkpoint", metavar="CKPT", help="checkpoint for --predict")
+    g.add_argument("--train-subset", type=int, help="train on the first N images only")
+    g.add_argument("--test-subset", type=int, help="evaluate on the first N images only")
+    return p.parse_args(argv)
+
+
+def make_config(args):
+    """TrainConfig = its defaults, then the recipe, then the flags given."""
+    recipe = RECIPES.get(args.recipe or args.dataset or "mnist", {})
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    given = {k: v for k, v in vars(args).items() if v is not None}
+    values = {**recipe, **{k: v for k, v in given.items() if k in fields}}
+    values["model_overrides"] = {k: given[k] for k in MODEL_FLAGS if k in given}
+    values.setdefault("out_dir", f"runs/{values.get('dataset', 'mnist')}")
+    return TrainConfig(**values)
+
+
+def resume_path(path):
+    path = Path(path)
+    return path / "last.npz" if path.is_dir() else path
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.predict:
+        if not args.checkpoint:
+            sys.exit("--predict needs --checkpoint CKPT (e.g. runs/mnist/best.npz)")
+        model, config = load_trained(args.checkpoint)
+        for name, prob in predict(model, config, args.predict):
+            print(f"{name}: {prob:.4f}")
+        return 0
+    if args.eval:
+        model, config = load_trained(args.eval)
+        config = dataclasses.replace(config, data_dir=args.data_dir or config.data_dir,
+                                     test_subset=args.test_subset or 0)
+        loss, acc, _, _ = evaluate(model, make_batches(config, "test"))
+        print(f"{args.eval}: test accuracy {acc:.4f}, loss {loss:.4f} ({config.dataset})")
+        return 0
+    try:
+        if args.resume:
+            fit(None, resume=resume_path(args.resume))
+        else:
+            fit(make_config(args))
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
