@@ -6,7 +6,7 @@ user's machine does not set them; see ../shared/notes/performance.md):
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/benchmark.py
 
-    --configs A,B,C  --batch 128  --steps 5  --rounds 3  --warmup 2
+    --configs A,B,C  --batch 128  --steps 5  --rounds 3  --warmup 2  --memory-steps 3
     --quick          config A, a few steps (a CI smoke test, well under 60 s)
     --gpu            tinyvit on CuPy against torch on "cuda"
     --json FILE      the same figures as JSON
@@ -33,9 +33,11 @@ Both sides use the same thread count: torch.set_num_threads(number of OpenBLAS
 threads).
 
 GFLOP/s counts only the model's matmuls, from the config (``matmul_flops``);
-the fraction is of the float32 matmul peak measured at startup with a large
-square matmul in NumPy (2048^2, best of 5; CuPy and 8192^2 on GPU); torch's
-peak is printed for reference.
+the fraction is of the float32 matmul peak of a large square matmul in NumPy
+(2048^2, best of 10; CuPy and 8192^2 on GPU), measured before and after the
+configs and the higher kept (another process can take a core for a while);
+torch's peak is printed for reference. The tables are printed at the end,
+once the peak is known.
 
 Peak memory is measured in a fresh subprocess per (framework, config, train or
 inference), so that neither framework's allocator state nor the other's
@@ -97,7 +99,6 @@ CONFIGS = {
 }
 LR, WEIGHT_DECAY, LABEL_SMOOTHING = 1e-3, 0.05, 0.1
 LOGITS_TOL, LOSS_TOL = 1e-4, 1e-5
-MEMORY_STEPS = 3
 COMMAND = "env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/benchmark.py"
 
 
@@ -220,7 +221,7 @@ def matmul_flops(config, batch):
     return patch + c.depth * block + head
 
 
-def best_gflops(matmul, n, sync, repeats=5):
+def best_gflops(matmul, n, sync, repeats):
     """GFLOP/s of the fastest of ``repeats`` n x n x n matmuls (after one warm-up)."""
     matmul()
     sync()
@@ -233,16 +234,16 @@ def best_gflops(matmul, n, sync, repeats=5):
     return 2 * n**3 / best / 1e9
 
 
-def matmul_peaks(gpu):
+def matmul_peaks(gpu, repeats):
     """Float32 square-matmul peaks: tinyvit's array backend and torch (for reference)."""
     n = 8192 if gpu else 2048
     host = np.random.default_rng(0).standard_normal((2, n, n), dtype=np.float32)
     a, b = backend.to_device(host[0]), backend.to_device(host[1])
-    peaks = {backend.get_backend(): best_gflops(lambda: a @ b, n, backend.synchronize)}
+    peaks = {backend.get_backend(): best_gflops(lambda: a @ b, n, backend.synchronize, repeats)}
     if torch:
         device = "cuda" if gpu else "cpu"
         ta, tb = torch.from_numpy(host[0]).to(device), torch.from_numpy(host[1]).to(device)
-        peaks["torch"] = best_gflops(lambda: ta @ tb, n, torch_sync(gpu))
+        peaks["torch"] = best_gflops(lambda: ta @ tb, n, torch_sync(gpu), repeats)
     return n, peaks
 
 
@@ -496,7 +497,7 @@ def one_step(runner, phase):
     return runner.train_step()
 
 
-def memory_worker(spec, batch, gpu):
+def memory_worker(spec, batch, steps, gpu):
     """Subprocess body: build one framework's model and batch, set the baseline,
     run a few steps of one phase, print the peak growth as JSON."""
     framework, name, phase = spec.split(":")
@@ -511,7 +512,7 @@ def memory_worker(spec, batch, gpu):
         meter = CupyMemory() if framework == "tinyvit" else TorchCudaMemory()
     runner.sync()
     meter.start()
-    for _ in range(MEMORY_STEPS):
+    for _ in range(steps):
         one_step(runner, phase)
     runner.sync()
     print("MEMORY " + json.dumps({"peak_mb": meter.peak_mb(), "method": meter.method}))
@@ -520,7 +521,8 @@ def memory_worker(spec, batch, gpu):
 def measure_memory(framework, name, phase, args):
     """Peak memory growth in MB from a fresh subprocess, or None (with its error shown)."""
     command = [sys.executable, __file__, "--memory-worker", f"{framework}:{name}:{phase}",
-               "--batch", str(args.batch)] + (["--gpu"] if args.gpu else [])
+               "--batch", str(args.batch), "--memory-steps", str(args.memory_steps)]
+    command += ["--gpu"] if args.gpu else []
     done = subprocess.run(command, capture_output=True, text=True)
     for line in done.stdout.splitlines():
         if line.startswith("MEMORY "):
@@ -535,16 +537,24 @@ def measure_memory(framework, name, phase, args):
 # ---------------------------------------------------------------------------
 
 
-def summarize(ms, flops, batch, peak):
+def summarize(ms, flops, batch):
     median = statistics.median(ms)
-    gflops = flops / median / 1e6
     return {"median_ms": median, "min_ms": min(ms), "max_ms": max(ms), "samples": len(ms),
-            "images_per_s": batch / median * 1e3, "gflops": gflops, "fraction_of_peak": gflops / peak}
+            "images_per_s": batch / median * 1e3, "gflops": flops / median / 1e6}
 
 
-def run_config(name, args, peak):
+def add_fractions_of_peak(results, peak):
+    for result in results.values():
+        for framework in ("tinyvit", "torch"):
+            for phase in ("train", "infer"):
+                s = get(result, framework, phase)
+                if s is not None:
+                    s["fraction_of_peak"] = s["gflops"] / peak
+
+
+def run_config(name, args):
     config = CONFIGS[name]
-    print(f"\nconfig {name}: {describe(config)}, batch {args.batch}")
+    print(f"running config {name} (timing, then memory subprocesses)")
     tv, pt = build_runners(config, args.batch, args.gpu)
     runners = [tv] + ([pt] if pt else [])
     check = check_same_function(tv, pt) if pt else None
@@ -561,15 +571,14 @@ def run_config(name, args, peak):
               "forward_matmul_flops": forward, "train_matmul_flops": 3 * forward, "check": check}
     for r in runners:
         result[r.name] = {
-            "train": summarize(times[r.name, "train"], 3 * forward, args.batch, peak),
-            "infer": summarize(times[r.name, "infer"], forward, args.batch, peak),
+            "train": summarize(times[r.name, "train"], 3 * forward, args.batch),
+            "infer": summarize(times[r.name, "infer"], forward, args.batch),
             "peak_memory": {phase: measure_memory(r.name, name, phase, args) for phase in ("train", "infer")},
         }
     if pt and hasattr(pt, "last_loss"):
         result["loss_after_training"] = {"steps": args.warmup + args.rounds * args.steps,
                                          "tinyvit": float(backend.to_host(tv.last_loss)),
                                          "torch": pt.last_loss.item()}
-    print_config(result)
     return result
 
 
@@ -621,7 +630,7 @@ def get(result, framework, *keys):
     return value
 
 
-def print_config(result):
+def print_config(name, result):
     def row(label, key_path, spec=".1f", with_ratio=True):
         a, b = get(result, "tinyvit", *key_path), get(result, "torch", *key_path)
         return [label, fmt(a, spec), fmt(b, spec), fmt(ratio(a, b), ".2f") if with_ratio else ""]
@@ -645,6 +654,7 @@ def print_config(result):
                  row(f"{phase} images/s", (phase, "images_per_s"), ".0f", False), rate(phase)]
     for phase in ("train", "infer"):
         rows.append(row(f"{phase} peak memory MB", ("peak_memory", phase, "peak_mb")))
+    print(f"\nconfig {name}: {result['config']}, batch {result['batch']}")
     print(f"  {result['params']:,} parameters; matmul FLOPs per batch: forward "
           f"{result['forward_matmul_flops'] / 1e9:.2f} G, train step {result['train_matmul_flops'] / 1e9:.2f} G")
     print(render(rows, ["", "tinyvit", "PyTorch", "tinyvit/PyTorch"], "lrrr"))
@@ -672,8 +682,9 @@ def print_summary(results, peaks):
         for phase in ("train", "infer"):
             row += [fmt(get(r, f, "peak_memory", phase, "peak_mb")) for f in ("tinyvit", "torch")]
         rows.append(row)
-    print("\nsummary (ratio = tinyvit / PyTorch time: above 1, tinyvit is slower; "
-          + ", ".join(f"{k} matmul peak {v:.0f} GFLOP/s" for k, v in peaks.items()) + ")")
+    print("\nsummary (ratio = tinyvit / PyTorch time: above 1, tinyvit is slower; % of the "
+          f"{backend.get_backend()} matmul peak; peaks, best of start and end: "
+          + ", ".join(f"{k} {v:.0f} GFLOP/s" for k, v in peaks.items()) + ")")
     print(render(rows, header, "l" + "r" * (len(header) - 1), [(t, len(c)) for t, c in groups]))
 
 
@@ -704,13 +715,14 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=5, help="timed steps per round")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per framework and phase")
+    p.add_argument("--memory-steps", type=int, default=3, help="steps per memory subprocess")
     p.add_argument("--quick", action="store_true", help="config A, few steps: a smoke test for CI")
     p.add_argument("--gpu", action="store_true", help="tinyvit on CuPy against torch on CUDA")
     p.add_argument("--json", metavar="FILE", help="write the figures as JSON")
     p.add_argument("--memory-worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.quick:
-        args.configs, args.steps, args.rounds, args.warmup = "A", 3, 1, 1
+        args.configs, args.steps, args.rounds, args.warmup, args.memory_steps = "A", 2, 1, 1, 1
     args.configs = [c.strip().upper() for c in args.configs.split(",") if c.strip()]
     unknown = [c for c in args.configs if c not in CONFIGS]
     if unknown:
@@ -721,25 +733,33 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     if args.memory_worker:
-        return memory_worker(args.memory_worker, args.batch, args.gpu)
+        return memory_worker(args.memory_worker, args.batch, args.memory_steps, args.gpu)
     setup_backends(args.gpu)
     report = machine_report(args.gpu)
     print_machine(report)
     if torch is None:
         print("PyTorch not found: timing tinyvit alone (to compare, pip install torch==2.13.0)")
-    n, peaks = matmul_peaks(args.gpu)
-    print("float32 matmul peak ({0}x{0}, best of 5): ".format(n)
-          + ", ".join(f"{k} {v:.0f} GFLOP/s" for k, v in peaks.items())
-          + f"; % peak below is of the {backend.get_backend()} figure")
+    repeats = 3 if args.quick else 10
+    n, peaks_before = matmul_peaks(args.gpu, repeats)
+    print(f"float32 matmul peak ({n}x{n}, best of {repeats}): "
+          + ", ".join(f"{k} {v:.0f} GFLOP/s" for k, v in peaks_before.items()) + " (measured again at the end)")
     print(f"timing: {args.rounds} interleaved round(s) of {args.steps} step(s) after {args.warmup} warm-up; "
-          f"memory: fresh subprocess per framework, config and phase, {MEMORY_STEPS} steps")
-    peak = peaks[backend.get_backend()]
-    results = {name: run_config(name, args, peak) for name in args.configs}
+          f"memory: fresh subprocess per framework, config and phase, {args.memory_steps} step(s)")
+    print()
+    results = {name: run_config(name, args) for name in args.configs}
+    _, peaks_after = matmul_peaks(args.gpu, repeats)
+    peaks = {k: max(v, peaks_after[k]) for k, v in peaks_before.items()}
+    add_fractions_of_peak(results, peaks[backend.get_backend()])
+    warn_if_busy()
+    for name, result in results.items():
+        print_config(name, result)
     print_summary(results, peaks)
     if args.json:
-        settings = {k: getattr(args, k) for k in ("configs", "batch", "steps", "rounds", "warmup", "gpu", "quick")}
-        payload = {"machine": report, "settings": settings, "matmul_peak_gflops": peaks,
-                   "matmul_peak_size": n, "configs": results}
+        settings = {k: getattr(args, k)
+                    for k in ("configs", "batch", "steps", "rounds", "warmup", "memory_steps", "gpu", "quick")}
+        payload = {"machine": report, "settings": settings, "matmul_peak_size": n,
+                   "matmul_peak_gflops": {"used": peaks, "before": peaks_before, "after": peaks_after},
+                   "configs": results}
         Path(args.json).write_text(json.dumps(payload, indent=2))
         print(f"\nwrote {args.json}")
 

@@ -260,12 +260,21 @@ class Patchify(Module):
 
 
 class PatchEmbed(Module):
-    """Patchify + Linear(C*P*P, D): a Conv2d with kernel = stride = patch_size."""
+    """Patchify + Linear(C*P*P, D): a Conv2d with kernel = stride = patch_size.
+
+    Initialized as PyTorch initializes a Conv2d (timm keeps that for the patch
+    embedding): weight and bias uniform in +-1/sqrt(C*P*P).
+    """
 
     def __init__(self, patch_size, in_channels, embed_dim, rng=None, dtype=None):
         super().__init__()
+        rng = rng or host_rng(None)
+        fan_in = in_channels * patch_size**2
         self.patchify = Patchify(patch_size)
-        self.proj = Linear(in_channels * patch_size**2, embed_dim, rng=rng, dtype=dtype)
+        self.proj = Linear(fan_in, embed_dim, rng=rng, dtype=dtype)
+        bound = 1.0 / math.sqrt(fan_in)
+        for p in (self.proj.weight, self.proj.bias):
+            p.data[...] = to_device(rng.uniform(-bound, bound, p.shape))
         self.conv_shape = (embed_dim, in_channels, patch_size, patch_size)
 
     def forward(self, x):

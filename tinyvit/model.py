@@ -86,7 +86,12 @@ def create_model(name, seed=0, dtype=None, **overrides):
 
 class ViT(Module):
     """The Vision Transformer. ``seed`` fixes the initial weights (drawn on the
-    host, the same on every backend) and the dropout masks."""
+    host, the same on every backend) and the dropout masks.
+
+    Initialization follows timm: Linear weights truncated normal (std 0.02),
+    biases 0, pos_embed truncated normal (std 0.02), cls_token normal (std 1e-6),
+    the patch embedding as PyTorch's Conv2d default.
+    """
 
     def __init__(self, config=None, seed=0, dtype=None, **fields):
         super().__init__()
@@ -96,7 +101,7 @@ class ViT(Module):
         init = host_rng(seed)
         D, N = config.embed_dim, config.num_patches + 1
         self.patch_embed = PatchEmbed(config.patch_size, config.in_channels, D, rng=init, dtype=dtype)
-        self.cls_token = Parameter(trunc_normal(init, (1, 1, D), dtype=dtype))
+        self.cls_token = Parameter(trunc_normal(init, (1, 1, D), std=1e-6, dtype=dtype))
         self.pos_embed = Parameter(trunc_normal(init, (1, N, D), dtype=dtype))
         self.pos_drop = Dropout(config.dropout)
         self.blocks = [
