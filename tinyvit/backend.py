@@ -65,6 +65,11 @@ def get_backend():
     return _active.__name__
 
 
+def on_cpu():
+    """True when the active backend is NumPy (arrays live on the host)."""
+    return _active is numpy
+
+
 def cupy_available():
     """True when CuPy imports and sees at least one GPU."""
     try:

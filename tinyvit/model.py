@@ -305,3 +305,107 @@ class ViT(Module):
         text = "\n".join(lines)
         print_fn(text)
         return text
+
+
+# -- position embeddings at another image size ----------------------------------
+
+CUBIC_A = -0.75  # the cubic convolution parameter of PyTorch's and OpenCV's bicubic
+
+
+def _cubic_weights(t):
+    """Keys' cubic convolution weights of the 4 samples at offsets -1, 0, 1, 2 from
+    floor(x), for fractional positions t = x - floor(x) (PyTorch's upsample_bicubic2d):
+
+        w(s) = ((a + 2)|s| - (a + 3)) s^2 + 1            for |s| <= 1
+        w(s) = ((a|s| - 5a)|s| + 8a)|s| - 4a             for 1 < |s| < 2
+
+    at s = t + 1, t, 1 - t, 2 - t. At t = 0 they are exactly (0, 1, 0, 0).
+    t: (M,) -> (M, 4).
+    """
+    a = CUBIC_A
+
+    def near(s):  # |s| <= 1
+        return ((a + 2) * s - (a + 3)) * s * s + 1
+
+    def far(s):  # 1 < |s| < 2
+        return ((a * s - 5 * a) * s + 8 * a) * s - 4 * a
+
+    return xp.stack([far(t + 1), near(t), near(1 - t), far(2 - t)], axis=1)
+
+
+def interpolation_matrix(old, new):
+    """The (new, old) matrix W of 1-D bicubic resampling: resized = W @ values.
+
+    As ``F.interpolate(mode="bicubic", align_corners=False)``: output sample o sits
+    at input coordinate x = (o + 0.5) * old / new - 0.5 (pixel centres aligned,
+    not corners), takes the 4 input samples floor(x) - 1 ... floor(x) + 2 with the
+    weights of ``_cubic_weights``, and an index past either end is clamped to the
+    edge (its weight added to the edge sample). Every row sums to 1; for
+    new == old it is exactly the identity.
+    """
+    o = xp.arange(new, dtype=xp.float64)
+    x = (o + 0.5) * (old / new) - 0.5  # (new,) input coordinates
+    start = xp.floor(x)
+    weights = _cubic_weights(x - start)  # (new, 4)
+    index = xp.clip(start[:, None] + xp.arange(-1, 3), 0, old - 1)  # (new, 4) clamped taps
+    hits = index[:, :, None] == xp.arange(old)  # (new, 4, old) one-hot
+    return (weights[:, :, None] * hits).sum(axis=1)  # (new, old)
+
+
+def _grid_shape(grid):
+    return (grid, grid) if isinstance(grid, int) else tuple(grid)
+
+
+def resize_pos_embed(pos_embed, old_grid, new_grid):
+    """Resize position embeddings from one patch grid to another, on the active backend.
+
+    The class token's row (first) is kept as is; the patch rows, seen as a
+    (Gh, Gw) grid of D-vectors, are resampled channel by channel with separable
+    bicubic interpolation:
+
+        grid'[:, :, d] = Wh @ grid[:, :, d] @ Ww^T,   Wh (Gh', Gh), Ww (Gw', Gw)
+
+    (``interpolation_matrix``). Bicubic, not bilinear, because it is what DeiT
+    and timm use to fine-tune at a higher resolution, and it equals
+    ``torch.nn.functional.interpolate(mode="bicubic", align_corners=False)``, so it
+    can be checked against PyTorch (timm's ``resample_abs_pos_embed`` now defaults
+    to antialias=True, PIL's a = -0.5 kernel, which differs slightly; the ViT
+    paper's own code used bilinear, ``scipy.ndimage.zoom(order=1)``). Like any
+    cubic it can overshoot the input range a little between samples. When the
+    grid is unchanged W is the identity and the result equals the input exactly.
+
+    Args:
+        pos_embed: (1, 1 + Gh*Gw, D), class token first, patches in row-major order.
+        old_grid, new_grid: patches per side, an int or (rows, cols).
+    Returns:
+        (1, 1 + Gh'*Gw', D), same dtype.
+    """
+    (gh, gw), (nh, nw) = _grid_shape(old_grid), _grid_shape(new_grid)
+    if pos_embed.ndim != 3 or pos_embed.shape[:2] != (1, 1 + gh * gw):
+        raise ValueError(
+            f"resize_pos_embed: expected pos_embed of shape (1, 1 + {gh}*{gw}, D) = "
+            f"(1, {1 + gh * gw}, D) for a {gh}x{gw} grid, got {tuple(pos_embed.shape)}"
+        )
+    D = pos_embed.shape[2]
+    Wh = interpolation_matrix(gh, nh).astype(pos_embed.dtype)  # (nh, gh)
+    Ww = interpolation_matrix(gw, nw).astype(pos_embed.dtype)  # (nw, gw)
+    grid = pos_embed[0, 1:].reshape(gh, gw, D).transpose(2, 0, 1)  # (D, gh, gw)
+    grid = Wh @ grid @ Ww.T  # (D, nh, nw)
+    patches = grid.transpose(1, 2, 0).reshape(1, nh * nw, D)  # (1, nh*nw, D)
+    return xp.concatenate([pos_embed[:, :1], patches], axis=1)  # (1, 1 + nh*nw, D)
+
+
+def resize_image(model, image_size):
+    """A new ViT for ``image_size`` x ``image_size`` images: the same config with
+    the new image size, every weight copied, and ``pos_embed`` resized by
+    ``resize_pos_embed`` (the class token's embedding kept). The patch size is
+    unchanged, so the grid goes from image_size/P to the new image_size/P per side.
+    The new model has the old one's dtype and train/eval mode."""
+    config = dataclasses.replace(model.config, image_size=image_size)  # checks divisibility
+    old_grid = model.config.image_size // model.config.patch_size
+    new_grid = image_size // config.patch_size
+    resized = ViT(config, dtype=model.pos_embed.data.dtype.type)
+    state = model.state_dict()
+    state["pos_embed"] = to_host(resize_pos_embed(model.pos_embed.data, old_grid, new_grid))
+    resized.load_state_dict(state)
+    return resized.train(model.training)

@@ -1,0 +1,24 @@
+"""The benchmark script runs (its quick mode, as CI may run it): it is a script,
+not a timed test, so only its output's shape is checked, never its figures."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "benchmark.py"
+
+
+@pytest.mark.slow
+def test_benchmark_quick_mode_runs(tmp_path):
+    out = tmp_path / "bench.json"
+    result = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--json", str(out)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    figures = json.loads(out.read_text())
+    assert list(figures["configs"]) == ["A"]
+    train = figures["configs"]["A"]["tinyvit"]["train"]
+    assert train["median_ms"] > 0 and train["images_per_s"] > 0
+    assert "summary" in result.stdout.lower()
