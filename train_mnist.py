@@ -17,9 +17,10 @@ from pathlib import Path
 
 from tinyvit.train import TrainConfig, evaluate, fit, load_trained, make_batches, predict
 
-# Tested recipes: what each sets on top of TrainConfig's defaults.
+# Tested recipes: what each sets on top of TrainConfig's defaults (which are the
+# MNIST recipe: preset "mnist", 18 epochs, AdamW peak 3e-3, shift 1, smoothing 0.1).
 RECIPES = {
-    "mnist": dict(dataset="mnist", model="mnist", epochs=30),
+    "mnist": dict(dataset="mnist"),
 }
 
 MODEL_FLAGS = ("patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio", "dropout", "attn_dropout", "pool")

@@ -36,8 +36,7 @@ AUGMENTATIONS = {
     "random_erasing": lambda x, rng: (A.random_erasing(x, rng, p=0.5),),
     "mixup": lambda x, rng: A.mixup(x, labels(np.arange(len(x)) % NUM_CLASSES), NUM_CLASSES, rng),
     "cutmix": lambda x, rng: A.cutmix(x, labels(np.arange(len(x)) % NUM_CLASSES), NUM_CLASSES, rng),
-    "mnist_augment": lambda x, rng: (A.mnist_augment()(x, rng),),
-    "cifar_augment": lambda x, rng: (A.cifar_augment()(x, rng),),
+    "pipeline": lambda x, rng: (A.pipeline(max_shift=2, flip=True, erasing=0.25)(x, rng),),
 }
 
 
@@ -360,21 +359,22 @@ def test_mixing_rejects_mismatched_labels(backend):
 # Pipelines
 
 
-def test_mnist_augment_is_a_random_crop(backend):
+def test_pipeline_is_a_random_crop_for_digits(backend):
     x = images((16, 1, 8, 8))
     np.testing.assert_array_equal(
-        host(A.mnist_augment(max_shift=2)(x, B.rng(0))), host(A.random_crop(x, 2, B.rng(0)))
+        host(A.pipeline(max_shift=2)(x, B.rng(0))), host(A.random_crop(x, 2, B.rng(0)))
     )
 
 
-def test_cifar_augment_applies_crop_flip_erasing_in_order(backend):
+def test_pipeline_applies_crop_flip_erasing_in_order(backend):
     x = images((16, 3, 8, 8))
     rng = B.rng(0)
     expected = A.random_erasing(A.horizontal_flip(A.random_crop(x, 4, rng), rng), rng, p=0.25)
-    got = A.cifar_augment(padding=4, flip=True, erasing=0.25)(x, B.rng(0))
+    got = A.pipeline(max_shift=4, flip=True, erasing=0.25)(x, B.rng(0))
     np.testing.assert_array_equal(host(got), host(expected))
-    crop_only = A.cifar_augment(padding=3, flip=False, erasing=0)(x, B.rng(1))
+    crop_only = A.pipeline(max_shift=3)(x, B.rng(1))
     np.testing.assert_array_equal(host(crop_only), host(A.random_crop(x, 3, B.rng(1))))
+    assert A.pipeline() is None
 
 
 def test_compose_applies_functions_left_to_right(backend):

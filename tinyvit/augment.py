@@ -26,8 +26,8 @@ learns them. Augmentation shows it a new variant of each image every epoch:
   strongly, which is how DeiT trains ViTs without huge data sets. They change
   the labels, so the trainer applies them itself, after the pipelines below.
 
-``mnist_augment`` and ``cifar_augment`` build the pipelines the trainer hands to
-the batch iterator: callables ``augment(x, rng) -> x``.
+``pipeline`` builds what the trainer hands to the batch iterator: a callable
+``augment(x, rng) -> x``.
 """
 
 import math
@@ -255,28 +255,16 @@ class Compose:
         return x
 
 
-def mnist_augment(max_shift=2):
-    """Random translation by up to ``max_shift`` pixels (digits must not be flipped)."""
-
-    def augment(x, rng):
-        return random_crop(x, max_shift, rng)
-
-    return augment
-
-
-def cifar_augment(padding=4, flip=True, erasing=0.25):
-    """Random crop with ``padding``, then a horizontal flip (if ``flip``), then
-    random erasing with probability ``erasing`` (0 turns it off)."""
-
-    def crop(x, rng):
-        return random_crop(x, padding, rng)
-
-    def erase(x, rng):
-        return random_erasing(x, rng, p=erasing)
-
-    steps = [crop]
+def pipeline(max_shift=0, flip=False, erasing=0.0):
+    """The per-image augmentations a trainer hands to the batch iterator, in order:
+    random translation by up to ``max_shift`` pixels (0: off), a horizontal flip
+    (natural images, not digits), random erasing with probability ``erasing``
+    (0: off). Returns ``augment(x, rng) -> x``, or None when all are off."""
+    steps = []
+    if max_shift:
+        steps.append(lambda x, rng: random_crop(x, max_shift, rng))
     if flip:
         steps.append(horizontal_flip)
-    if erasing > 0:
-        steps.append(erase)
-    return Compose(*steps)
+    if erasing:
+        steps.append(lambda x, rng: random_erasing(x, rng, p=erasing))
+    return Compose(*steps) if steps else None

@@ -111,14 +111,17 @@ class ViT(Module):
         ]
         self.norm = LayerNorm(D, dtype=dtype)
         self.head = Linear(D, config.num_classes, rng=init, dtype=dtype)
+        self._dropouts = None
         self.seed_dropout(seed)
 
     def seed_dropout(self, seed):
-        """Give every Dropout layer one fresh generator on the active backend;
-        ``seed`` is an int or a tuple such as (seed, step)."""
-        generator = device_rng(seed)
-        for _, module in self.named_modules():
-            if isinstance(module, Dropout):
+        """Give every Dropout layer with p > 0 one fresh generator on the active
+        backend; ``seed`` is an int or a tuple such as (seed, step)."""
+        if self._dropouts is None:
+            self._dropouts = tuple(m for _, m in self.named_modules() if isinstance(m, Dropout) and m.p > 0)
+        if self._dropouts:
+            generator = device_rng(seed)
+            for module in self._dropouts:
                 module.rng = generator
 
     # -- forward and backward ------------------------------------------------
