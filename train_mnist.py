@@ -1,8 +1,9 @@
 """Train a ViT on MNIST (or Fashion-MNIST, or CIFAR-10), evaluate it, or predict an image.
 
-    python train_mnist.py --data-dir ../shared/data                 # the default MNIST recipe
-    python train_mnist.py --dataset fashion-mnist --recipe fashion-mnist
-    python train_mnist.py --resume runs/mnist                         # continue after Ctrl-C
+    python train_mnist.py --data-dir ../shared/data                          # MNIST, the default recipe
+    python train_mnist.py --data-dir ../shared/data --recipe mnist-long      # MNIST, the longer recipe
+    python train_mnist.py --data-dir ../shared/data --dataset fashion-mnist  # Fashion-MNIST's recipe
+    python train_mnist.py --resume runs/mnist                                # continue after Ctrl-C
     python train_mnist.py --eval runs/mnist/best.npz
     python train_mnist.py --predict digit.png --checkpoint runs/mnist/best.npz
 
@@ -17,10 +18,19 @@ from pathlib import Path
 
 from tinyvit.train import TrainConfig, evaluate, fit, load_trained, make_batches, predict
 
-# Tested recipes: what each sets on top of TrainConfig's defaults (which are the
-# MNIST recipe: preset "mnist", 18 epochs, AdamW peak 3e-3, shift 1, smoothing 0.1).
+# Tested recipes: what each sets on top of TrainConfig's defaults, which are the
+# MNIST recipe (preset "mnist": patch 7, dim 64, depth 4; 18 epochs, AdamW peak
+# 3e-3, random shift 1, label smoothing 0.1). The README gives their figures.
 RECIPES = {
     "mnist": dict(dataset="mnist"),
+    "mnist-long": dict(dataset="mnist", model_overrides={"patch_size": 4}, epochs=25, lr=3e-3,
+                       max_shift=2),
+    # 89.8% in 30 minutes here: short of the 91% target (see the README)
+    "fashion-mnist": dict(dataset="fashion-mnist", model_overrides={"patch_size": 4}, epochs=18,
+                          lr=3e-3, max_shift=1, flip=True),
+    # runs end to end (tested on a subset); no accuracy figure measured yet
+    "cifar10": dict(dataset="cifar10", model="cifar10", epochs=30, lr=1e-3, warmup_epochs=2,
+                    max_shift=4, flip=True, erasing=0.25),
 }
 
 MODEL_FLAGS = ("patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio", "dropout", "attn_dropout", "pool")
@@ -72,13 +82,14 @@ def parse_args(argv):
 
 def make_config(args):
     """TrainConfig = its defaults, then the recipe, then the flags given."""
-    recipe = RECIPES.get(args.recipe or args.dataset or "mnist", {})
+    recipe = dict(RECIPES.get(args.recipe or args.dataset or "mnist", {}))
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     given = {k: v for k, v in vars(args).items() if v is not None}
+    model_overrides = {**recipe.pop("model_overrides", {}),
+                       **{k: given[k] for k in MODEL_FLAGS if k in given}}
     values = {**recipe, **{k: v for k, v in given.items() if k in fields}}
-    values["model_overrides"] = {k: given[k] for k in MODEL_FLAGS if k in given}
-    values.setdefault("out_dir", f"runs/{values.get('dataset', 'mnist')}")
-    return TrainConfig(**values)
+    values.setdefault("out_dir", f"runs/{args.recipe or values.get('dataset', 'mnist')}")
+    return TrainConfig(**values, model_overrides=model_overrides)
 
 
 def resume_path(path):

@@ -192,3 +192,19 @@ def test_smoke_on_real_mnist(tmp_path):
     assert history[-1]["train_loss"] < history[0]["train_loss"] - 0.3
     assert history[-1]["test_acc"] > 0.4  # chance is 0.1; a ViT's first 200 steps are slow
     assert B.get_backend() == "numpy"
+
+
+@pytest.mark.skipif(not (SHARED_DATA / "cifar-10").is_dir(), reason="real CIFAR-10 files not present")
+def test_smoke_on_real_cifar10(tmp_path):
+    """A few hundred real CIFAR-10 images through the same trainer, with the CIFAR
+    augmentations and mixup/cutmix: it runs end to end and writes everything."""
+    config = TrainConfig(dataset="cifar10", model="cifar10", data_dir=str(SHARED_DATA),
+                         out_dir=str(tmp_path / "cifar"), epochs=2, train_subset=512, test_subset=200,
+                         batch_size=64, eval_batch_size=100, lr=1e-3, warmup_epochs=0.5,
+                         max_shift=4, flip=True, erasing=0.25, mixup=0.8, cutmix=1.0,
+                         model_overrides={"embed_dim": 48, "depth": 2, "num_heads": 3})
+    history = fit(config)
+    assert len(history) == 2 and all(np.isfinite(row["train_loss"]) for row in history)
+    metrics = json.loads((tmp_path / "cifar" / "metrics.json").read_text())
+    assert list(metrics["per_class_accuracy"])[:2] == ["airplane", "automobile"]
+    assert (tmp_path / "cifar" / "confusion.png").is_file()
