@@ -51,6 +51,9 @@ def test_linear_gradients(backend, shape, bias):
     layer = jitter(Linear(shape[-1], 6, bias=bias, rng=B.host_rng(0)))
     report = gradient_check(layer, randn(*shape)).assert_ok(TOL)
     assert [c.name for c in report.checks] == ["input", "weight"] + (["bias"] if bias else [])
+    assert report["weight"].shape == (6, shape[-1])
+    assert report.max_rel_err == max(c.rel_err for c in report.checks) <= TOL
+    assert "weight" in str(report) and "rel_err" in str(report)
 
 
 def test_linear_matches_formula(backend):

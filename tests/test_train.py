@@ -99,6 +99,29 @@ def test_resumed_run_ends_with_the_same_weights(stripes, tmp_path, stop_after):
         }
 
 
+def test_ctrl_c_during_evaluation_saves_and_resumes(stripes, tmp_path, monkeypatch):
+    import tinyvit.train as train
+
+    fit(tiny_config(stripes, tmp_path / "straight"))
+    original = train.evaluate
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train, "evaluate", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        fit(tiny_config(stripes, tmp_path / "resumed"))
+    _, _, meta = final_weights(tmp_path / "resumed")
+    assert (meta["epoch"], meta["step"], meta["history"]) == (0, 10, [])  # trained, not evaluated
+    monkeypatch.setattr(train, "evaluate", original)
+    fit(None, resume=tmp_path / "resumed" / "last.npz")
+    straight, _, straight_meta = final_weights(tmp_path / "straight")
+    resumed, _, resumed_meta = final_weights(tmp_path / "resumed")
+    for key in straight:
+        np.testing.assert_array_equal(resumed[key], straight[key], err_msg=key)
+    assert [r["test_acc"] for r in resumed_meta["history"]] == [r["test_acc"] for r in straight_meta["history"]]
+
+
 def test_checkpoint_rebuilds_the_model(stripes, tmp_path):
     fit(tiny_config(stripes, tmp_path / "run", epochs=1))
     model, config = load_trained(tmp_path / "run" / "best.npz")

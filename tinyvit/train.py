@@ -189,16 +189,16 @@ def fit(config, resume=None, stop_after_steps=None):
         print(f"resumed from {resume} at epoch {state['epoch'] + 1}, step {state['step']}")
     _print_start(config, trainer.model, train_batches)
     steps_done = 0
-    while state["epoch"] < config.epochs:
-        try:
+    try:
+        while state["epoch"] < config.epochs:
             steps_done += _train_epoch(trainer, train_batches, state, stop_after_steps, steps_done)
-        except KeyboardInterrupt:
-            path = _save(out / "last.npz", trainer, config, state)
-            print(f"\ninterrupted: saved {path} (epoch {state['epoch'] + 1}, step {state['step']}); "
-                  f"resume with --resume {path}")
-            raise
-        _end_epoch(trainer, test_batches, state, config, out)
-    _finish(trainer, test_batches, state, config, out)
+            _end_epoch(trainer, test_batches, state, config, out)
+        _finish(trainer, test_batches, state, config, out)
+    except KeyboardInterrupt:  # in training or in evaluation: state says where the run is
+        path = _save(out / "last.npz", trainer, config, state)
+        print(f"\ninterrupted: saved {path} (epoch {state['epoch'] + 1}, step {state['step']}); "
+              f"resume with --resume {path}")
+        raise
     return state["history"]
 
 
@@ -246,9 +246,12 @@ def _train_epoch(trainer, batches, state, stop_after_steps, steps_done):
 
 
 def _end_epoch(trainer, test_batches, state, config, out):
+    """Evaluate, then move the state past this epoch in one update, so a Ctrl-C
+    anywhere leaves it either before the epoch's end (resuming evaluates again)
+    or after it."""
     start = time.perf_counter()
     test_loss, test_acc, _, _ = evaluate(trainer.model, test_batches)
-    state["elapsed"] += time.perf_counter() - start
+    elapsed = state["elapsed"] + time.perf_counter() - start
     run, epoch = state["running"], state["epoch"]
     seen = max(run["seen"], 1)
     row = {
@@ -259,16 +262,15 @@ def _end_epoch(trainer, test_batches, state, config, out):
         "test_acc": test_acc,
         "lr": state["lr"],
         "images_per_s": run["seen"] / max(run["time"], 1e-9),
-        "elapsed_s": state["elapsed"],
+        "elapsed_s": elapsed,
     }
-    state["history"].append(row)
-    state.update(epoch=epoch + 1, step=0, running=_new_running())
+    if test_acc > state["best_acc"]:
+        _save(out / "best.npz", trainer, config, state)
+    state.update(history=state["history"] + [row], epoch=epoch + 1, step=0, elapsed=elapsed,
+                 running=_new_running(), best_acc=max(state["best_acc"], test_acc))
     print(f"epoch {epoch + 1}: train loss {row['train_loss']:.4f} acc {row['train_acc']:.4f} | "
           f"test loss {test_loss:.4f} acc {test_acc:.4f} | {row['images_per_s']:.0f} img/s | "
-          f"{state['elapsed']:.0f} s")
-    if test_acc > state["best_acc"]:
-        state["best_acc"] = test_acc
-        _save(out / "best.npz", trainer, config, state)
+          f"{elapsed:.0f} s")
     _save(out / "last.npz", trainer, config, state)
     _write_metrics(out, state["history"])
 
