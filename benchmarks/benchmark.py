@@ -9,6 +9,8 @@ user's machine does not set them; see ../shared/notes/performance.md):
     --configs A,B,C  --batch 128  --steps 5  --rounds 3  --warmup 2  --memory-steps 3
     --quick          config A, a few steps (a CI smoke test, well under 60 s)
     --gpu            tinyvit on CuPy against torch on "cuda"
+    --workers 2      tinyvit's step and inference split over 2 worker processes, one BLAS
+                     thread each (tinyvit.parallel, as train_mnist.py trains on a CPU)
     --json FILE      the same figures as JSON
 
 What is measured, for each config, with the same float32 batch and weights
@@ -77,6 +79,7 @@ from tinyvit import backend  # noqa: E402
 from tinyvit.loss import SoftmaxCrossEntropy  # noqa: E402
 from tinyvit.model import ViT, ViTConfig  # noqa: E402
 from tinyvit.optim import AdamW  # noqa: E402
+from tinyvit.parallel import DataParallel  # noqa: E402
 
 try:
     import torch
@@ -264,13 +267,17 @@ def make_batch(config, batch):
 
 
 class TinyvitRunner:
+    """tinyvit in this process, or with ``workers > 1`` its training step and inference
+    split over worker processes (``tinyvit.parallel``, as ``train_mnist.py`` trains)."""
+
     name = "tinyvit"
 
-    def __init__(self, config, images, labels):
+    def __init__(self, config, images, labels, workers=1):
         self.model = ViT(config, seed=0, dtype=np.float32)
         self.x, self.y = backend.to_device(images), backend.to_device(labels)
         self.loss_fn = SoftmaxCrossEntropy(label_smoothing=LABEL_SMOOTHING)
         self.optimizer = None
+        self.workers, self.parallel = workers, None
 
     def decay_names(self):
         """State-dict keys of the parameters AdamW decays (state_dict follows parameters())."""
@@ -278,21 +285,31 @@ class TinyvitRunner:
 
     def prepare_training(self):
         self.optimizer = AdamW(self.model, lr=LR, weight_decay=WEIGHT_DECAY)
+        if self.workers > 1:
+            self.parallel = DataParallel(self.model, self.workers, len(self.x)).__enter__()
+            self.targets = self.loss_fn.targets(self.y, self.model.config.num_classes, self.x.dtype)
+
+    def close(self):
+        if self.parallel is not None:
+            self.parallel.__exit__(None, None, None)
 
     def set_training(self, mode):
         self.model.train(mode)
 
     def train_step(self):
-        self.model.zero_grad()
-        logits = self.model.forward(self.x)
-        loss = self.loss_fn.forward(logits, self.y)
-        self.model.backward(self.loss_fn.backward())
+        if self.parallel is None:
+            self.model.zero_grad()
+            logits = self.model.forward(self.x)
+            loss = self.loss_fn.forward(logits, self.y)
+            self.model.backward(self.loss_fn.backward())
+        else:  # the workers' gradients, combined in the model's gradient buffer
+            loss, _ = self.parallel.gradients(self.x, self.targets)
         self.optimizer.step()
         self.last_loss = loss
         return loss
 
     def infer(self):
-        return self.model.forward(self.x)
+        return self.model.forward(self.x) if self.parallel is None else self.parallel.forward(self.x)
 
     def logits_and_loss(self):
         """Host logits and loss of a forward in the current mode (for the check)."""
@@ -348,9 +365,9 @@ class TorchRunner:
         return logits.cpu().numpy(), float(loss)
 
 
-def build_runners(config, batch, gpu):
+def build_runners(config, batch, gpu, workers=1):
     images, labels = make_batch(config, batch)
-    tv = TinyvitRunner(config, images, labels)
+    tv = TinyvitRunner(config, images, labels, workers)
     pt = TorchRunner(tv.model, tv.decay_names(), images, labels, gpu) if torch else None
     return tv, pt
 
@@ -555,7 +572,7 @@ def add_fractions_of_peak(results, peak):
 def run_config(name, args):
     config = CONFIGS[name]
     print(f"running config {name} (timing, then memory subprocesses)")
-    tv, pt = build_runners(config, args.batch, args.gpu)
+    tv, pt = build_runners(config, args.batch, args.gpu, args.workers)
     runners = [tv] + ([pt] if pt else [])
     check = check_same_function(tv, pt) if pt else None
     if not check:
@@ -565,7 +582,10 @@ def run_config(name, args):
             check["train"]["logits_rel_diff"], check["eval"]["logits_rel_diff"], check["train"]["loss_diff"]))
     for r in runners:
         r.prepare_training()
-    times = time_interleaved(runners, args.steps, args.rounds, args.warmup)
+    try:
+        times = time_interleaved(runners, args.steps, args.rounds, args.warmup)
+    finally:
+        tv.close()
     forward = matmul_flops(config, args.batch)
     result = {"config": describe(config), "params": tv.model.num_parameters(), "batch": args.batch,
               "forward_matmul_flops": forward, "train_matmul_flops": 3 * forward, "check": check}
@@ -718,9 +738,13 @@ def parse_args(argv=None):
     p.add_argument("--memory-steps", type=int, default=3, help="steps per memory subprocess")
     p.add_argument("--quick", action="store_true", help="config A, few steps: a smoke test for CI")
     p.add_argument("--gpu", action="store_true", help="tinyvit on CuPy against torch on CUDA")
+    p.add_argument("--workers", type=int, default=1,
+                   help="tinyvit's worker processes (tinyvit.parallel; timing only, memory is one process's)")
     p.add_argument("--json", metavar="FILE", help="write the figures as JSON")
     p.add_argument("--memory-worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.gpu and args.workers > 1:
+        p.error("--workers splits batches over CPU processes; on a GPU tinyvit runs one process")
     if args.quick:
         args.configs, args.steps, args.rounds, args.warmup, args.memory_steps = "A", 2, 1, 1, 1
     args.configs = [c.strip().upper() for c in args.configs.split(",") if c.strip()]
@@ -745,6 +769,9 @@ def main(argv=None):
           + ", ".join(f"{k} {v:.0f} GFLOP/s" for k, v in peaks_before.items()) + " (measured again at the end)")
     print(f"timing: {args.rounds} interleaved round(s) of {args.steps} step(s) after {args.warmup} warm-up; "
           f"memory: fresh subprocess per framework, config and phase, {args.memory_steps} step(s)")
+    if args.workers > 1:
+        print(f"tinyvit times {args.workers} worker processes of one BLAS thread each (tinyvit.parallel); "
+              "its memory figures are one process's")
     print()
     results = {name: run_config(name, args) for name in args.configs}
     _, peaks_after = matmul_peaks(args.gpu, repeats)
@@ -756,7 +783,8 @@ def main(argv=None):
     print_summary(results, peaks)
     if args.json:
         settings = {k: getattr(args, k)
-                    for k in ("configs", "batch", "steps", "rounds", "warmup", "memory_steps", "gpu", "quick")}
+                    for k in ("configs", "batch", "steps", "rounds", "warmup", "memory_steps", "gpu", "quick",
+                              "workers")}
         payload = {"machine": report, "settings": settings, "matmul_peak_size": n,
                    "matmul_peak_gflops": {"used": peaks, "before": peaks_before, "after": peaks_after},
                    "configs": results}

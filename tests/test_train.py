@@ -17,6 +17,7 @@ import train_mnist
 from test_data import MNIST_FILES, patch_info, sha256, write_idx
 from tinyvit import backend as B
 from tinyvit.checkpoint import load_checkpoint
+from tinyvit.parallel import auto_workers
 from tinyvit.train import TrainConfig, fit, load_trained, predict
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -77,10 +78,11 @@ def test_training_learns_the_synthetic_task(stripes, tmp_path):
         assert image.mode == "RGB" and image.width > 400
 
 
-@pytest.mark.parametrize("stop_after", [4, 10, 15])  # mid-epoch 1, end of epoch 1, mid-epoch 2
-def test_resumed_run_ends_with_the_same_weights(stripes, tmp_path, stop_after):
+# stop after step 4 (mid-epoch 1), 10 (end of epoch 1), 15 (mid-epoch 2); with 2 worker processes too
+@pytest.mark.parametrize("stop_after, workers", [(4, 1), (10, 1), (15, 1), (4, 2)])
+def test_resumed_run_ends_with_the_same_weights(stripes, tmp_path, stop_after, workers):
     """10 steps per epoch; dropout on, so the seeded masks must line up too."""
-    config = dict(model_overrides={**TINY_MODEL, "dropout": 0.1}, max_shift=2, mixup=0.4)
+    config = dict(model_overrides={**TINY_MODEL, "dropout": 0.1}, max_shift=2, mixup=0.4, workers=workers)
     fit(tiny_config(stripes, tmp_path / "straight", **config))
     with pytest.raises(KeyboardInterrupt):
         fit(tiny_config(stripes, tmp_path / "resumed", **config), stop_after_steps=stop_after)
@@ -147,6 +149,8 @@ def test_cli_trains_evaluates_and_predicts(stripes, tmp_path, capsys):
             "--shift", "0"]
     assert train_mnist.main(args) == 0
     assert (out / "best.npz").is_file() and (out / "curves.png").is_file()
+    _, _, meta = load_checkpoint(out / "best.npz")
+    assert meta["config"]["workers"] == auto_workers()  # one per core by default on NumPy
 
     capsys.readouterr()
     assert train_mnist.main(["--eval", str(out / "best.npz"), "--data-dir", str(stripes)]) == 0

@@ -20,7 +20,8 @@ class SoftmaxCrossEntropy(Module):
         self.label_smoothing = label_smoothing
 
     def targets(self, target, num_classes, dtype):
-        """The (B, K) target distribution for integer labels or soft targets."""
+        """The (B, K) target distribution for integer labels or soft targets
+        (``check_target`` them first: out-of-range labels would index wrongly)."""
         if xp.issubdtype(target.dtype, xp.floating):
             return target.astype(dtype, copy=False)
         t = xp.full((target.shape[0], num_classes), self.label_smoothing / num_classes, dtype=dtype)
@@ -28,8 +29,9 @@ class SoftmaxCrossEntropy(Module):
         return t
 
     def forward(self, logits, target):
-        self._check(logits, target)
+        self._check_logits(logits)
         B, K = logits.shape
+        self.check_target(target, B, K)
         shifted = logits - logits.max(axis=1, keepdims=True)  # stable: max logit is 0
         log_sum = xp.log(xp.exp(shifted).sum(axis=1, keepdims=True))
         log_probs = shifted - log_sum  # (B, K)
@@ -45,12 +47,16 @@ class SoftmaxCrossEntropy(Module):
         log_probs, t = self._take_cache()
         return (xp.exp(log_probs) - t) * (dout / log_probs.shape[0])
 
-    def _check(self, logits, target):
+    def _check_logits(self, logits):
         if logits.ndim != 2:
             raise ValueError(f"SoftmaxCrossEntropy: expected logits (B, K), got shape {logits.shape}")
         if not xp.issubdtype(logits.dtype, xp.floating):
             raise ValueError(f"SoftmaxCrossEntropy: expected float logits, got dtype {logits.dtype}")
-        B, K = logits.shape
+
+    def check_target(self, target, batch, num_classes):
+        """A clear ValueError unless ``target`` is ``batch`` labels in [0, num_classes)
+        or (batch, num_classes) soft targets."""
+        B, K = batch, num_classes
         if xp.issubdtype(target.dtype, xp.floating):
             if target.shape != (B, K):
                 raise ValueError(

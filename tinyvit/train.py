@@ -28,6 +28,7 @@ from .data import Batches, dataset_info, load_dataset
 from .loss import SoftmaxCrossEntropy
 from .model import PRESETS, ViT
 from .optim import SGD, AdamW, clip_grad_norm, warmup_cosine
+from .parallel import DataParallel
 
 
 @dataclasses.dataclass
@@ -56,6 +57,7 @@ class TrainConfig:
     out_dir: str = "runs/mnist"
     backend: str = "numpy"
     eval_batch_size: int = 500
+    workers: int = 1  # processes sharing each batch (tinyvit.parallel; NumPy only); 1 = this one
     log_every: int = 20  # steps between progress-bar updates (host transfers)
     train_subset: int = 0  # use only the first N training images (0 = all)
     test_subset: int = 0
@@ -65,7 +67,7 @@ class TrainConfig:
             raise ValueError(f"unknown model preset {self.model!r}; presets: {', '.join(PRESETS)}")
         if self.optimizer not in ("adamw", "sgd"):
             raise ValueError(f"optimizer must be 'adamw' or 'sgd', got {self.optimizer!r}")
-        for name in ("epochs", "batch_size", "eval_batch_size", "log_every"):
+        for name in ("epochs", "batch_size", "eval_batch_size", "log_every", "workers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
 
@@ -81,7 +83,12 @@ class TrainConfig:
 
 
 class Trainer:
-    """Model, loss, optimizer and schedule for one run; ``step`` is one update."""
+    """Model, loss, optimizer and schedule for one run; ``step`` is one update.
+
+    As a context manager it also runs the worker processes of a run with
+    ``workers > 1`` (``tinyvit.parallel``): then training steps and evaluation
+    split each batch over them. Without ``with``, everything runs in this process.
+    """
 
     def __init__(self, config, model=None):
         self.config = config
@@ -93,6 +100,19 @@ class Trainer:
             self.optimizer = SGD(self.model, config.lr, momentum=0.9, nesterov=True,
                                  weight_decay=config.weight_decay)
         self.num_classes = self.model.config.num_classes
+        self.parallel = None
+
+    def __enter__(self):
+        c = self.config
+        if c.workers > 1:
+            self.parallel = DataParallel(self.model, c.workers, max(c.batch_size, c.eval_batch_size))
+            self.parallel.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.parallel is not None:
+            self.parallel.__exit__(*exc)
+            self.parallel = None
 
     def lr_at(self, step, steps_per_epoch):
         c = self.config
@@ -112,18 +132,27 @@ class Trainer:
     def step(self, x, y, lr, seed):
         """Forward, loss, backward and update on one batch. Returns device scalars
         (loss, number of correct predictions) so nothing waits for the host."""
-        if not self.model.training:
-            self.model.train()
-        self.model.seed_dropout(seed)
         x, target = self.mix(x, y, seed + (1,))
-        logits = self.model.forward(x)
-        loss = self.criterion.forward(logits, target)
-        self.model.zero_grad()
-        self.model.backward(self.criterion.backward())
+        if self.parallel is None:
+            if not self.model.training:
+                self.model.train()
+            self.model.seed_dropout(seed)
+            logits = self.model.forward(x)
+            loss = self.criterion.forward(logits, target)
+            self.model.zero_grad()
+            self.model.backward(self.criterion.backward())
+        else:  # the same, over the workers: their targets are distributions
+            self.criterion.check_target(target, len(x), self.num_classes)
+            targets = self.criterion.targets(target, self.num_classes, x.dtype)
+            loss, logits = self.parallel.gradients(x, targets, seed)
         if self.config.clip_grad:
             clip_grad_norm(self.optimizer.grad, self.config.clip_grad)
         self.optimizer.step(lr)
         return loss, (logits.argmax(axis=1) == y).sum()
+
+    def evaluator(self):
+        """What ``evaluate`` runs: the model, or the workers when there are some."""
+        return self.model if self.parallel is None else self.parallel
 
 
 def evaluate(model, batches, criterion=None):
@@ -189,16 +218,17 @@ def fit(config, resume=None, stop_after_steps=None):
         print(f"resumed from {resume} at epoch {state['epoch'] + 1}, step {state['step']}")
     _print_start(config, trainer.model, train_batches)
     steps_done = 0
-    try:
-        while state["epoch"] < config.epochs:
-            steps_done += _train_epoch(trainer, train_batches, state, stop_after_steps, steps_done)
-            _end_epoch(trainer, test_batches, state, config, out)
-        _finish(trainer, test_batches, state, config, out)
-    except KeyboardInterrupt:  # in training or in evaluation: state says where the run is
-        path = _save(out / "last.npz", trainer, config, state)
-        print(f"\ninterrupted: saved {path} (epoch {state['epoch'] + 1}, step {state['step']}); "
-              f"resume with --resume {path}")
-        raise
+    with trainer:
+        try:
+            while state["epoch"] < config.epochs:
+                steps_done += _train_epoch(trainer, train_batches, state, stop_after_steps, steps_done)
+                _end_epoch(trainer, test_batches, state, config, out)
+            _finish(trainer, test_batches, state, config, out)
+        except KeyboardInterrupt:  # in training or in evaluation: state says where the run is
+            path = _save(out / "last.npz", trainer, config, state)
+            print(f"\ninterrupted: saved {path} (epoch {state['epoch'] + 1}, step {state['step']}); "
+                  f"resume with --resume {path}")
+            raise
     return state["history"]
 
 
@@ -250,7 +280,7 @@ def _end_epoch(trainer, test_batches, state, config, out):
     anywhere leaves it either before the epoch's end (resuming evaluates again)
     or after it."""
     start = time.perf_counter()
-    test_loss, test_acc, _, _ = evaluate(trainer.model, test_batches)
+    test_loss, test_acc, _, _ = evaluate(trainer.evaluator(), test_batches)
     elapsed = state["elapsed"] + time.perf_counter() - start
     run, epoch = state["running"], state["epoch"]
     seen = max(run["seen"], 1)
@@ -304,7 +334,7 @@ def _write_metrics(out, history, extra=None):
 
 def _finish(trainer, test_batches, state, config, out):
     """Per-class accuracy and the confusion matrix of the final model."""
-    _, test_acc, predictions, labels = evaluate(trainer.model, test_batches)
+    _, test_acc, predictions, labels = evaluate(trainer.evaluator(), test_batches)
     classes = dataset_info(config.dataset).classes
     counts = confusion_matrix(predictions, labels, len(classes))
     per_class = {name: float(counts[i, i] / max(counts[i].sum(), 1)) for i, name in enumerate(classes)}
@@ -319,7 +349,7 @@ def _finish(trainer, test_batches, state, config, out):
 
 def _print_start(config, model, batches):
     print(f"{config.dataset}: {batches.images.shape[0]} training images, {len(batches)} steps/epoch, "
-          f"{config.epochs} epochs, backend {get_backend()}")
+          f"{config.epochs} epochs, backend {get_backend()}, {config.workers} worker(s)")
     print(f"model: {model.num_parameters():,} parameters, {model.config}")
 
 

@@ -1,0 +1,89 @@
+"""Data parallelism over worker processes (tinyvit.parallel): the workers' gradient
+is the one-process gradient, inference matches, and failures get clear errors.
+
+NumPy only: the workers share host memory. Each test starts real processes
+(about a second each), so the model is tiny.
+"""
+
+import numpy as np
+import pytest
+
+from tinyvit import backend as B
+from tinyvit.loss import SoftmaxCrossEntropy
+from tinyvit.model import ViT
+from tinyvit.parallel import MAX_AUTO_WORKERS, DataParallel, auto_workers, cpu_cores
+
+SMALL = dict(image_size=8, patch_size=4, in_channels=1, num_classes=5, embed_dim=8, depth=2,
+             num_heads=2, mlp_ratio=2)
+
+
+@pytest.fixture
+def float64():
+    with B.using_backend("numpy"), B.default_dtype("float64"):
+        yield
+
+
+def batch(n, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((n, 1, 8, 8)), rng.integers(0, 5, n)
+
+
+@pytest.mark.parametrize("workers, n", [(2, 7), (3, 8)])  # uneven shares: 3+4 and 2+3+3
+def test_gradients_equal_the_one_process_gradients(float64, workers, n):
+    model = ViT(dropout=0.0, **SMALL)
+    criterion = SoftmaxCrossEntropy(label_smoothing=0.1)
+    x, y = batch(n)
+    logits = model.forward(x)
+    loss = float(criterion.forward(logits, y))
+    model.zero_grad()
+    model.backward(criterion.backward())
+    expected = model.flat_parameters()[1].copy()
+    model.zero_grad()
+    with DataParallel(model, workers, max_batch=8) as parallel:
+        parallel_loss, parallel_logits = parallel.gradients(x, criterion.targets(y, 5, x.dtype))
+    np.testing.assert_allclose(model.flat_parameters()[1], expected, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(parallel_logits, logits, rtol=1e-12, atol=1e-15)
+    assert parallel_loss == pytest.approx(loss, rel=1e-13)
+
+
+def test_inference_follows_the_weights_and_leaves_idle_workers_out(float64):
+    model = ViT(**SMALL).eval()
+    x, _ = batch(3)
+    with DataParallel(model, 2, max_batch=4) as parallel:
+        np.testing.assert_allclose(parallel.forward(x), model.forward(x), rtol=1e-12)
+        model.flat_parameters()[0][:] *= 0.5  # as an optimizer step would: in place
+        np.testing.assert_allclose(parallel.forward(x), model.forward(x), rtol=1e-12)
+        # one image for two workers: worker 0 has no rows and gets no command
+        assert parallel.shards(1) == [(0, 0), (0, 1)]
+        np.testing.assert_allclose(parallel.forward(x[:1]), model.forward(x[:1]), rtol=1e-12)
+
+
+def test_a_batch_larger_than_the_shared_buffers_is_named(float64):
+    model = ViT(**SMALL)
+    with DataParallel(model, 2, max_batch=4) as parallel:
+        with pytest.raises(ValueError, match="expected a batch of 1 to 4 images, got 5"):
+            parallel.forward(batch(5)[0])
+
+
+def test_a_worker_that_dies_is_named(float64):
+    model = ViT(**SMALL)
+    with DataParallel(model, 2, max_batch=4) as parallel:
+        parallel.processes[1].kill()
+        parallel.processes[1].join()
+        with pytest.raises(RuntimeError, match="worker process exited unexpectedly: tinyvit-worker-1"):
+            parallel.forward(batch(4)[0])
+
+
+def test_an_error_inside_a_worker_comes_back_with_its_traceback(float64):
+    model = ViT(dropout=0.1, **SMALL)  # dropout: so the workers seed generators, and a bad seed fails
+    with DataParallel(model, 2, max_batch=4) as parallel:
+        x, _ = batch(4)
+        with pytest.raises(RuntimeError, match="(?s)tinyvit worker 0 failed:.*Traceback"):
+            parallel.gradients(x, np.full((4, 5), np.nan), seed="not a seed")
+
+
+def test_worker_counts():
+    with pytest.raises(ValueError, match="expected at least 2 workers, got 1"):
+        DataParallel(ViT(**SMALL), 1, max_batch=4)
+    assert auto_workers("cupy") == 1
+    assert auto_workers("numpy") == min(cpu_cores(), MAX_AUTO_WORKERS)

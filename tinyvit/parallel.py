@@ -1,0 +1,216 @@
+"""Data parallelism on the CPU: each batch split over worker processes.
+
+Why: at the sizes tinyvit trains on a laptop, most of a NumPy training step is
+elementwise work (LayerNorm, GELU, softmax, bias, residual) that NumPy runs on
+one core, and small matmuls that OpenBLAS's second thread speeds up by only
+5-10%. Two processes with one BLAS thread and half of the batch each keep two
+cores busy all the time (the README's Performance section has the figures).
+
+How: every worker holds a replica of the model; the weights, the batch and the
+results travel through shared memory, the commands through a pipe. For one
+training step the parent writes the current weights, the images and their
+target distributions, and worker w, over its rows [lo_w, hi_w) of the batch:
+  1. copies the weights into its replica,
+  2. runs forward, loss and backward,
+  3. writes its logits and its gradient g_w back.
+The loss is a mean over the batch, L = sum_w (B_w / B) L_w with L_w the mean
+over worker w's B_w rows, so its gradient is sum_w (B_w / B) g_w: the parent
+forms that in its own model's gradient buffer and steps its optimizer as in a
+single process. Inference splits the batch the same way, forward only.
+
+A run with W workers is exactly reproducible with W workers; against one
+process it differs only by float rounding (the sums run in another order).
+NumPy only: worker processes share host memory, and a GPU runs one process.
+"""
+
+import math
+import multiprocessing
+import os
+import signal
+import traceback
+
+from .backend import default_dtype, on_cpu, xp
+from .loss import SoftmaxCrossEntropy
+from .model import ViT
+
+MAX_AUTO_WORKERS = 4  # measured on 2 cores only: more than 4 small shares is untested
+
+# what a worker's environment must say when it starts: NumPy, and one BLAS thread
+# (each worker computes on one core)
+_WORKER_ENV = {"TINYVIT_BACKEND": "numpy", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
+               "MKL_NUM_THREADS": "1"}
+
+
+def cpu_cores():
+    """CPU cores this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def auto_workers(backend="numpy"):
+    """The default worker count: one per core on NumPy (at most MAX_AUTO_WORKERS),
+    a single process on a GPU."""
+    return min(cpu_cores(), MAX_AUTO_WORKERS) if backend == "numpy" else 1
+
+
+class DataParallel:
+    """Worker processes that compute a model's gradients and logits on shares of
+    a batch. Use as a context manager (it starts and stops the processes):
+
+        with DataParallel(model, workers=2, max_batch=500) as parallel:
+            loss, logits = parallel.gradients(x, targets)   # grads in model's buffer
+            logits = parallel.forward(x)                    # inference
+
+    ``model`` stays the parent's: its weights are what the workers compute with
+    (read at every call), its gradient buffer is where ``gradients`` writes.
+    """
+
+    def __init__(self, model, workers, max_batch):
+        if not on_cpu():
+            raise ValueError("DataParallel needs the NumPy backend (its workers share host memory); "
+                             "on a GPU train with workers=1")
+        if workers < 2:
+            raise ValueError(f"DataParallel: expected at least 2 workers, got {workers}")
+        self.model, self.workers, self.max_batch = model, workers, max_batch
+        self.data, self.grad, _ = model.flat_parameters()
+        config = model.config
+        context = multiprocessing.get_context("spawn")  # a fresh interpreter: no forked BLAS threads
+        shapes = {
+            "weights": (self.data.size,),
+            "grads": (workers, self.data.size),
+            "images": (max_batch, config.in_channels, config.image_size, config.image_size),
+            "targets": (max_batch, config.num_classes),
+            "logits": (max_batch, config.num_classes),
+        }
+        dtype = self.data.dtype.str
+        raw = {name: context.RawArray("b", math.prod(shape) * self.data.itemsize)
+               for name, shape in shapes.items()}
+        self.shared = {name: _view(raw[name], shape, dtype) for name, shape in shapes.items()}
+        self.pipes, self.processes, self._worker_ends = [], [], []
+        for rank in range(workers):
+            parent_end, worker_end = context.Pipe()
+            args = (rank, config, dtype, {name: (raw[name], shapes[name], dtype) for name in shapes}, worker_end)
+            self.pipes.append(parent_end)
+            self._worker_ends.append(worker_end)
+            self.processes.append(context.Process(target=_worker, args=args, daemon=True,
+                                                  name=f"tinyvit-worker-{rank}"))
+
+    def __enter__(self):
+        saved = {k: os.environ.get(k) for k in _WORKER_ENV}
+        os.environ.update(_WORKER_ENV)  # a spawned worker inherits the environment at start
+        try:
+            for process in self.processes:
+                process.start()
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    del os.environ[k]
+                else:
+                    os.environ[k] = v
+        for end in self._worker_ends:
+            end.close()  # the worker holds it now; so a worker's exit reads as EOF here
+        return self
+
+    def __exit__(self, *exc):
+        for pipe, process in zip(self.pipes, self.processes):
+            if process.is_alive():
+                try:
+                    pipe.send(None)  # stop after the command in hand, if any
+                except (BrokenPipeError, OSError):
+                    pass
+        for process in self.processes:
+            process.join(timeout=5)
+            if process.is_alive():
+                process.terminate()
+                process.join()
+
+    def shards(self, n):
+        """Rows [lo, hi) of a batch of n for each worker, sizes within 1 of each other."""
+        edges = [n * w // self.workers for w in range(self.workers + 1)]
+        return list(zip(edges[:-1], edges[1:]))
+
+    def gradients(self, x, targets, seed=0):
+        """Loss (mean over the batch) and logits of ``x`` (B, C, H, W) against
+        ``targets`` (B, K) distributions; the gradient of that loss is left in the
+        model's flat gradient buffer. ``seed`` seeds the dropout masks (worker w
+        uses (seed, w))."""
+        n = len(x)
+        self.shared["targets"][:n] = targets
+        self.grad.fill(0)
+        loss = 0.0
+        for rank, lo, hi, worker_loss in self._run("train", x, seed):
+            share = (hi - lo) / n
+            self.grad += share * self.shared["grads"][rank]
+            loss += share * worker_loss
+        return loss, self.shared["logits"][:n].copy()
+
+    def forward(self, x):
+        """Logits of ``x`` in inference mode (no dropout, no caches)."""
+        self._run("eval", x)
+        return self.shared["logits"][: len(x)].copy()
+
+    def eval(self):
+        """For ``train.evaluate``, which takes a model: ``forward`` is always inference."""
+        return self
+
+    def _run(self, mode, x, seed=0):
+        """Send one command to every worker with rows to do; wait for all replies.
+        Returns (rank, lo, hi, reply) per worker that ran."""
+        n = len(x)
+        if not 1 <= n <= self.max_batch:
+            raise ValueError(f"DataParallel: expected a batch of 1 to {self.max_batch} images, got {n}")
+        self.shared["images"][:n] = x
+        self.shared["weights"][...] = self.data  # the weights the optimizer wrote last
+        shards = [(rank, lo, hi) for rank, (lo, hi) in enumerate(self.shards(n)) if hi > lo]
+        try:
+            for rank, lo, hi in shards:
+                self.pipes[rank].send((mode, lo, hi, seed))
+            replies = [self.pipes[rank].recv() for rank, _, _ in shards]  # all, so none is left unread
+        except (EOFError, BrokenPipeError):
+            dead = [p.name for p in self.processes if not p.is_alive()]
+            raise RuntimeError(f"tinyvit worker process exited unexpectedly: {', '.join(dead)}") from None
+        for (rank, _, _), (status, value) in zip(shards, replies):
+            if status == "error":
+                raise RuntimeError(f"tinyvit worker {rank} failed:\n{value}")
+        return [(rank, lo, hi, value) for (rank, lo, hi), (_, value) in zip(shards, replies)]
+
+
+def _view(raw, shape, dtype):
+    """A NumPy array over a shared buffer."""
+    return xp.frombuffer(raw, dtype=dtype).reshape(shape)
+
+
+def _worker(rank, config, dtype, buffers, pipe):
+    """A worker's loop: one command per message until None."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the parent, which saves the run
+    shared = {name: _view(*spec) for name, spec in buffers.items()}
+    with default_dtype(dtype):
+        model = ViT(config)  # its weights are overwritten from shared memory at every command
+    weights, grad, _ = model.flat_parameters()
+    criterion = SoftmaxCrossEntropy()  # targets come as distributions, label smoothing applied
+    while (command := pipe.recv()) is not None:
+        mode, lo, hi, seed = command
+        try:
+            weights[...] = shared["weights"]
+            x = shared["images"][lo:hi]
+            if mode == "eval":
+                shared["logits"][lo:hi] = model.eval().forward(x)
+                pipe.send(("ok", None))
+                continue
+            if not model.training:
+                model.train()
+            model.seed_dropout((*_as_tuple(seed), rank))
+            logits = model.forward(x)
+            loss = criterion.forward(logits, shared["targets"][lo:hi])
+            model.zero_grad()
+            model.backward(criterion.backward())
+            shared["grads"][rank] = grad
+            shared["logits"][lo:hi] = logits
+            pipe.send(("ok", float(loss)))
+        except Exception:
+            pipe.send(("error", traceback.format_exc()))
+
+
+def _as_tuple(seed):
+    return seed if isinstance(seed, tuple) else (seed,)
