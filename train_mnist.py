@@ -26,6 +26,7 @@ RECIPES = {
     "mnist": dict(dataset="mnist"),
     "mnist-long": dict(dataset="mnist", model_overrides={"patch_size": 4}, epochs=40, lr=3e-3,
                        max_shift=2),
+    # 91% at epoch 21, 91.28% at the end (1666 s) here, with 2 worker processes
     "fashion-mnist": dict(dataset="fashion-mnist",
                           model_overrides={"patch_size": 4, "num_heads": 2, "pool": "mean"},
                           epochs=24, batch_size=32, lr=2e-3, max_shift=1, flip=True),
