@@ -18,8 +18,9 @@ over worker w's B_w rows, so its gradient is sum_w (B_w / B) g_w: the parent
 forms that in its own model's gradient buffer and steps its optimizer as in a
 single process. Inference splits the batch the same way, forward only.
 
-A run with W workers is exactly reproducible with W workers; against one
-process it differs only by float rounding (the sums run in another order).
+A run with W workers is exactly reproducible with W workers. Against one
+process each step's gradient differs only by float rounding (the sums run in
+another order), and over a run those differences grow as any rounding does.
 NumPy only: worker processes share host memory, and a GPU runs one process.
 """
 

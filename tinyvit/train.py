@@ -130,8 +130,9 @@ class Trainer:
         return aug.mixup(x, y, self.num_classes, rng, alpha=c.mixup)
 
     def step(self, x, y, lr, seed):
-        """Forward, loss, backward and update on one batch. Returns device scalars
-        (loss, number of correct predictions) so nothing waits for the host."""
+        """Forward, loss, backward and update on one batch. Returns (loss, number of
+        correct predictions); in one process as device scalars, so nothing waits for
+        the host (the workers' loss is a host float already)."""
         x, target = self.mix(x, y, seed + (1,))
         if self.parallel is None:
             if not self.model.training:
@@ -156,7 +157,8 @@ class Trainer:
 
 
 def evaluate(model, batches, criterion=None):
-    """Loss, accuracy and predictions of ``model`` (eval mode) over ``batches``."""
+    """Loss, accuracy and predictions of ``model`` (eval mode) over ``batches``;
+    ``model`` is anything with ``eval()`` and ``forward(x)``: a ViT or a DataParallel."""
     criterion = criterion or SoftmaxCrossEntropy()
     model.eval()
     total_loss, predictions, labels = 0.0, [], []
