@@ -12,13 +12,14 @@ SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "benchmark.py"
 
 
 @pytest.mark.slow
-def test_benchmark_quick_mode_runs(tmp_path):
+@pytest.mark.parametrize("workers", [1, 2])  # 2: tinyvit's step split over worker processes
+def test_benchmark_quick_mode_runs(tmp_path, workers):
     out = tmp_path / "bench.json"
-    result = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--json", str(out)],
+    result = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--workers", str(workers), "--json", str(out)],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     figures = json.loads(out.read_text())
-    assert list(figures["configs"]) == ["A"]
+    assert list(figures["configs"]) == ["A"] and figures["settings"]["workers"] == workers
     train = figures["configs"]["A"]["tinyvit"]["train"]
     assert train["median_ms"] > 0 and train["images_per_s"] > 0
     assert "summary" in result.stdout.lower()
