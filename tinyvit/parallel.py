@@ -73,7 +73,7 @@ class DataParallel:
                              "on a GPU train with workers=1")
         if workers < 2:
             raise ValueError(f"DataParallel: expected at least 2 workers, got {workers}")
-        self.model, self.workers, self.max_batch = model, workers, max_batch
+        self.workers, self.max_batch = workers, max_batch
         self.data, self.grad, _ = model.flat_parameters()
         config = model.config
         context = multiprocessing.get_context("spawn")  # a fresh interpreter: no forked BLAS threads
