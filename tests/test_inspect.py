@@ -150,6 +150,9 @@ def test_last_layer_cls_attention_reads_the_class_row(backend):
     with pytest.raises(RuntimeError, match="run model.forward"):
         inspect.last_layer_cls_attention(model)
     model.forward(images(3))
+    with pytest.raises(RuntimeError, match="call model.keep_attention"):
+        inspect.last_layer_cls_attention(model)  # that forward kept none
+    model.keep_attention().forward(images(3))
     heads = inspect.last_layer_cls_attention(model)
     assert heads.shape == (3, 2, 4, 4)
     attn = B.to_host(model.attention_maps()[-1])
@@ -197,8 +200,10 @@ def test_mean_attention_distance_runs_the_model_in_batches(backend):
     model = small_model()
     x = images(5)
     distances = inspect.mean_attention_distance(model, x, batch_size=2)  # batches of 2, 2, 1
-    assert distances.shape == (2, 2) and model.training  # mode restored
-    model.eval().forward(x)
+    assert distances.shape == (2, 2) and model.training  # modes restored
+    with pytest.raises(RuntimeError, match="call model.keep_attention"):
+        model.attention_maps()
+    model.eval().keep_attention().forward(x)
     expected = inspect.attention_distance(model.attention_maps(), 7)
     np.testing.assert_allclose(distances, expected, rtol=1e-12)
     assert np.all((distances > 0) & (distances < 7 * math.hypot(3, 3)))

@@ -195,7 +195,10 @@ def test_attention_matches_per_head_loop(backend):
     expected = np.concatenate(heads, -1) @ B.to_host(layer.proj.weight.data).T
     expected += B.to_host(layer.proj.bias.data)
     np.testing.assert_allclose(y, expected, rtol=1e-12, atol=1e-12)
-    attn = B.to_host(layer.attn)  # kept for inspection
+    assert layer.attn is None  # not kept unless asked
+    layer.keep_attn = True
+    layer.forward(x)
+    attn = B.to_host(layer.attn)
     assert attn.shape == (2, 3, 5, 5)
     np.testing.assert_allclose(attn.sum(-1), 1.0)
 

@@ -27,6 +27,7 @@ token first), G patches per side, P patch size in pixels, C channels, D embed_di
 """
 
 import argparse
+import contextlib
 import dataclasses
 import math
 import sys
@@ -44,6 +45,18 @@ TILE_PX = 112  # images are upscaled to about this many pixels per side
 
 
 # ---------------------------------------------------------------- computations
+
+
+@contextlib.contextmanager
+def _inspection_mode(model):
+    """Eval mode with the attention maps kept; the model's modes are restored after."""
+    was_training, kept = model.training, model.blocks[0].attn.keep_attn
+    model.eval().keep_attention()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
+        model.keep_attention(kept)
 
 
 def _grid_side(num_patches):
@@ -146,7 +159,8 @@ def attention_distance(attentions, patch_size):
 
 def mean_attention_distance(model, images, batch_size=128):
     """``attention_distance`` averaged over ``images``, run through ``model`` in
-    eval mode (the paper's fig. 7 right). The model's train/eval mode is restored.
+    eval mode with its attention maps kept (the paper's fig. 7 right); the
+    model's modes are restored after.
 
     Args:
         model: a ViT.
@@ -157,15 +171,12 @@ def mean_attention_distance(model, images, batch_size=128):
     """
     if len(images) == 0:
         raise ValueError("mean_attention_distance: no images given")
-    was_training, total = model.training, 0.0
-    model.eval()
-    try:
+    total = 0.0
+    with _inspection_mode(model):
         for start in range(0, len(images), batch_size):
             x = to_device(images[start:start + batch_size])
             model.forward(x)
             total += attention_distance(model.attention_maps(), model.config.patch_size) * len(x)
-    finally:
-        model.train(was_training)
     return total / len(images)
 
 
@@ -206,11 +217,9 @@ def attention_rollout(attentions):
 def last_layer_cls_attention(model):
     """The class token's attention to the patches in the last block, per head,
     from the model's last forward pass: A[:, :, 0, 1:] as (B, H, G, G). Each
-    head's values sum to 1 minus what the class token gives itself."""
+    head's values sum to 1 minus what the class token gives itself (the model
+    must keep its attention maps: ``model.keep_attention()``)."""
     attn = model.attention_maps()[-1]
-    if attn is None:
-        raise RuntimeError(
-            "last_layer_cls_attention: no attention maps kept; run model.forward(images) first")
     B, H, N, _ = attn.shape
     G = _grid_side(N - 1)
     return to_host(attn[:, :, 0, 1:].reshape(B, H, G, G))
@@ -294,18 +303,15 @@ def plot_attention_maps(model, images, path, class_names=None):
     share of the class token's attention that goes to patches (the rest to itself).
 
     Args:
-        model: a ViT (run here in eval mode; its mode is restored).
+        model: a ViT (run here in eval mode, keeping its attention maps; its modes are restored).
         images: (B, C, H, W) normalized images, host or device.
         path: where the PNG goes.
         class_names: if given, the input's caption is the prediction and its probability.
     """
-    was_training = model.training
-    try:
-        logits = to_host(model.eval().forward(to_device(images)))  # (B, K)
-    finally:
-        model.train(was_training)
-    rollout = attention_rollout(model.attention_maps())  # (B, G, G)
-    heads = last_layer_cls_attention(model)  # (B, H, G, G)
+    with _inspection_mode(model):
+        logits = to_host(model.forward(to_device(images)))  # (B, K)
+        rollout = attention_rollout(model.attention_maps())  # (B, G, G)
+        heads = last_layer_cls_attention(model)  # (B, H, G, G)
     depth, num_heads = len(model.blocks), heads.shape[1]
     factor = max(1, TILE_PX // model.config.image_size)
     tiles, titles = [], []

@@ -572,8 +572,9 @@ class Attention(Module):
     qkv = x W_qkv^T + b (one Linear(D, 3D), q, k, v stacked in that order), split
     into H heads; A = softmax(q k^T / sqrt(Dh)) per head; attention dropout on A;
     out = A v, heads concatenated, then the output projection. All heads run in
-    single batched matmuls over (B, H). ``self.attn`` keeps the attention weights
-    of the last forward (before dropout) for inspection.
+    single batched matmuls over (B, H). With ``keep_attn`` set, ``self.attn`` keeps
+    the attention weights of the last forward (before dropout) for inspection;
+    off by default, as in inference they would outlive the forward (L * B*H*N^2 values).
     """
 
     def __init__(self, dim, num_heads, qkv_bias=True, attn_dropout=0.0, proj_dropout=0.0, rng=None, dtype=None):
@@ -587,7 +588,7 @@ class Attention(Module):
         self.attn_drop = Dropout(attn_dropout)
         self.proj = Linear(dim, dim, rng=rng, dtype=dtype)
         self.proj_drop = Dropout(proj_dropout)
-        self.attn = None
+        self.keep_attn, self.attn = False, None
 
     def forward(self, x):
         B, N, D = x.shape
@@ -596,7 +597,7 @@ class Attention(Module):
         q, k, v = qkv.reshape(B, N, 3, H, Dh).transpose(2, 0, 3, 1, 4)  # each (B, H, N, Dh)
         q = q * self.scale  # scaling q (N*Dh values) is cheaper than the scores (N*N)
         attn = softmax(q @ k.transpose(0, 1, 3, 2))  # (B, H, N, N)
-        self.attn = attn
+        self.attn = attn if self.keep_attn else None
         attn_d = self.attn_drop.forward(attn)
         ctx = attn_d @ v  # (B, H, N, Dh)
         ctx = ctx.transpose(0, 2, 1, 3).reshape(B, N, D)  # (B, N, H*Dh)

@@ -184,9 +184,23 @@ class ViT(Module):
         self.cls_token.grad += dx[:, :1].sum(axis=0, keepdims=True)
         return self.patch_embed.backward(dx[:, 1:])  # (B, C, H, W)
 
+    def keep_attention(self, keep=True):
+        """Whether each block keeps its attention weights of the next forwards
+        (for ``attention_maps``); off by default, and turning it off drops the
+        maps kept so far. Returns the model."""
+        for block in self.blocks:
+            block.attn.keep_attn = keep
+            if not keep:
+                block.attn.attn = None
+        return self
+
     def attention_maps(self):
         """Attention weights of the last forward, one (B, H, N, N) array per block."""
-        return [block.attn.attn for block in self.blocks]
+        maps = [block.attn.attn for block in self.blocks]
+        if any(a is None for a in maps):
+            raise RuntimeError("no attention maps kept: call model.keep_attention(), "
+                               "then run model.forward(images)")
+        return maps
 
     # -- state dicts in timm's layout ------------------------------------------
 
