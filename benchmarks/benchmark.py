@@ -51,7 +51,11 @@ in a subprocess it keeps the forked parent's peak), then builds the optimizer
 and runs a few steps. The figure is peak RSS (VmHWM) minus the baseline:
 activations, gradients, optimizer state and temporaries, not the weights or
 the libraries. Where /proc is missing it falls back to ``ru_maxrss`` minus its
-value at the baseline. On GPU: CuPy's memory-pool footprint (all blocks freed
+value at the baseline. With ``--workers N`` tinyvit's figure is the sum over the
+parent and its N workers: the workers are started and run one 2-image
+inference before the baseline (each then holds its libraries and its replica
+of the weights), and each process's peak growth over its own baseline is
+added. The shared buffers are counted once, in the parent's baseline. On GPU: CuPy's memory-pool footprint (all blocks freed
 first) against ``torch.cuda.max_memory_allocated``, both over the bytes in use
 at the baseline (the pool figure includes blocks cached but not in use, so it
 is an upper bound where torch's is exact).
@@ -283,11 +287,18 @@ class TinyvitRunner:
         """State-dict keys of the parameters AdamW decays (state_dict follows parameters())."""
         return {k for k, p in zip(self.model.state_dict(), self.model.parameters()) if p.decay}
 
-    def prepare_training(self):
-        self.optimizer = AdamW(self.model, lr=LR, weight_decay=WEIGHT_DECAY)
-        if self.workers > 1:
+    def start_workers(self):
+        """With ``workers > 1``, start them (once)."""
+        if self.workers > 1 and self.parallel is None:
             self.parallel = DataParallel(self.model, self.workers, len(self.x)).__enter__()
             self.targets = self.loss_fn.targets(self.y, self.model.config.num_classes, self.x.dtype)
+
+    def worker_pids(self):
+        return [p.pid for p in self.parallel.processes] if self.parallel else []
+
+    def prepare_training(self):
+        self.optimizer = AdamW(self.model, lr=LR, weight_decay=WEIGHT_DECAY)
+        self.start_workers()
 
     def close(self):
         if self.parallel is not None:
@@ -434,36 +445,47 @@ def time_interleaved(runners, steps, rounds, warmup):
 # ---------------------------------------------------------------------------
 
 
-def _proc_status_kb(field):
-    with open("/proc/self/status") as f:
+def _proc_status_kb(field, pid="self"):
+    with open(f"/proc/{pid}/status") as f:
         for line in f:
             if line.startswith(field + ":"):
                 return int(line.split()[1])
-    raise OSError(f"{field} not in /proc/self/status")
+    raise OSError(f"{field} not in /proc/{pid}/status")
 
 
 class HostMemory:
-    """Peak RSS growth over a baseline, in MB (see the module docstring).
+    """Peak RSS growth over a baseline, in MB (see the module docstring), summed
+    over this process and the processes ``pids`` (tinyvit's workers).
 
-    On Linux it reads VmHWM, the peak RSS of this process's own address space,
+    On Linux it reads VmHWM, the peak RSS of a process's own address space,
     after resetting it: ``ru_maxrss`` is no good in a subprocess, as it also
     keeps the peak of the forked parent's pages before exec (here, the parent's
-    whole RSS). Elsewhere it falls back to ``ru_maxrss``, which cannot be reset.
+    whole RSS). Elsewhere it falls back to ``ru_maxrss``, which cannot be reset
+    and sees this process only.
     """
+
+    def __init__(self, pids=()):
+        self.pids = ["self", *pids]
 
     def start(self):
         try:
-            self.baseline_kb = _proc_status_kb("VmRSS")
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")  # reset VmHWM to the current RSS
+            self.baseline_kb = sum(_proc_status_kb("VmRSS", pid) for pid in self.pids)
+            for pid in self.pids:
+                with open(f"/proc/{pid}/clear_refs", "w") as f:
+                    f.write("5")  # reset VmHWM to the current RSS
             self.method = "VmHWM (reset at baseline) - VmRSS at baseline"
+            if len(self.pids) > 1:
+                self.method += f", summed over {len(self.pids)} processes"
         except OSError:
+            if len(self.pids) > 1:
+                raise RuntimeError("worker processes' memory needs Linux's /proc") from None
             self.baseline_kb = self._maxrss_kb()
             self.method = "ru_maxrss - ru_maxrss at baseline"
 
     def peak_mb(self):
-        peak_kb = self._maxrss_kb() if self.method.startswith("ru_") else _proc_status_kb("VmHWM")
-        return (peak_kb - self.baseline_kb) / 1024
+        if self.method.startswith("ru_"):
+            return (self._maxrss_kb() - self.baseline_kb) / 1024
+        return (sum(_proc_status_kb("VmHWM", pid) for pid in self.pids) - self.baseline_kb) / 1024
 
     @staticmethod
     def _maxrss_kb():
@@ -496,9 +518,9 @@ class TorchCudaMemory:
         return (torch.cuda.max_memory_allocated() - self.baseline) / 2**20
 
 
-def make_runner(framework, config, batch, gpu):
+def make_runner(framework, config, batch, gpu, workers=1):
     images, labels = make_batch(config, batch)
-    runner = TinyvitRunner(config, images, labels)
+    runner = TinyvitRunner(config, images, labels, workers)
     if framework == "torch":
         runner = TorchRunner(runner.model, runner.decay_names(), images, labels, gpu)
     return runner
@@ -514,7 +536,7 @@ def one_step(runner, phase):
     return runner.train_step()
 
 
-def memory_worker(spec, batch, steps, gpu):
+def memory_worker(spec, batch, steps, gpu, workers):
     """Subprocess body: build one framework's model and batch, set the baseline,
     run a few steps of one phase, print the peak growth as JSON."""
     framework, name, phase = spec.split(":")
@@ -522,23 +544,32 @@ def memory_worker(spec, batch, steps, gpu):
     config = CONFIGS[name]
     one_step(make_runner(framework, config, 2, gpu), phase)  # page in code, one-time setup
     gc.collect()
-    runner = make_runner(framework, config, batch, gpu)
+    runner = make_runner(framework, config, batch, gpu, workers if framework == "tinyvit" else 1)
+    if framework == "tinyvit":
+        runner.start_workers()
+        if runner.parallel:
+            runner.parallel.forward(runner.x[:2])  # the workers page in their code
     if not gpu:
-        meter = HostMemory()
+        meter = HostMemory(runner.worker_pids() if framework == "tinyvit" else ())
     else:
         meter = CupyMemory() if framework == "tinyvit" else TorchCudaMemory()
     runner.sync()
     meter.start()
-    for _ in range(steps):
-        one_step(runner, phase)
-    runner.sync()
-    print("MEMORY " + json.dumps({"peak_mb": meter.peak_mb(), "method": meter.method}))
+    try:
+        for _ in range(steps):
+            one_step(runner, phase)
+        runner.sync()
+        print("MEMORY " + json.dumps({"peak_mb": meter.peak_mb(), "method": meter.method}))
+    finally:
+        if framework == "tinyvit":
+            runner.close()
 
 
 def measure_memory(framework, name, phase, args):
     """Peak memory growth in MB from a fresh subprocess, or None (with its error shown)."""
     command = [sys.executable, __file__, "--memory-worker", f"{framework}:{name}:{phase}",
-               "--batch", str(args.batch), "--memory-steps", str(args.memory_steps)]
+               "--batch", str(args.batch), "--memory-steps", str(args.memory_steps),
+               "--workers", str(args.workers)]
     command += ["--gpu"] if args.gpu else []
     done = subprocess.run(command, capture_output=True, text=True)
     for line in done.stdout.splitlines():
@@ -739,7 +770,7 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true", help="config A, few steps: a smoke test for CI")
     p.add_argument("--gpu", action="store_true", help="tinyvit on CuPy against torch on CUDA")
     p.add_argument("--workers", type=int, default=1,
-                   help="tinyvit's worker processes (tinyvit.parallel; timing only, memory is one process's)")
+                   help="tinyvit's worker processes (tinyvit.parallel; memory: summed over all processes)")
     p.add_argument("--json", metavar="FILE", help="write the figures as JSON")
     p.add_argument("--memory-worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -757,7 +788,7 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     if args.memory_worker:
-        return memory_worker(args.memory_worker, args.batch, args.memory_steps, args.gpu)
+        return memory_worker(args.memory_worker, args.batch, args.memory_steps, args.gpu, args.workers)
     setup_backends(args.gpu)
     report = machine_report(args.gpu)
     print_machine(report)
@@ -770,8 +801,8 @@ def main(argv=None):
     print(f"timing: {args.rounds} interleaved round(s) of {args.steps} step(s) after {args.warmup} warm-up; "
           f"memory: fresh subprocess per framework, config and phase, {args.memory_steps} step(s)")
     if args.workers > 1:
-        print(f"tinyvit times {args.workers} worker processes of one BLAS thread each (tinyvit.parallel); "
-              "its memory figures are one process's")
+        print(f"tinyvit runs {args.workers} worker processes of one BLAS thread each (tinyvit.parallel); "
+              "its memory figures are summed over them and the parent")
     print()
     results = {name: run_config(name, args) for name in args.configs}
     _, peaks_after = matmul_peaks(args.gpu, repeats)

@@ -22,4 +22,8 @@ def test_benchmark_quick_mode_runs(tmp_path, workers):
     assert list(figures["configs"]) == ["A"] and figures["settings"]["workers"] == workers
     train = figures["configs"]["A"]["tinyvit"]["train"]
     assert train["median_ms"] > 0 and train["images_per_s"] > 0
+    memory = figures["configs"]["A"]["tinyvit"]["peak_memory"]["train"]
+    assert memory["peak_mb"] > 0
+    if Path("/proc/self/status").exists():  # with workers, the parent's and theirs
+        assert ("summed over 3 processes" in memory["method"]) == (workers == 2)
     assert "summary" in result.stdout.lower()
