@@ -30,8 +30,8 @@ RECIPES = {
     "fashion-mnist": dict(dataset="fashion-mnist",
                           model_overrides={"patch_size": 4, "num_heads": 2, "pool": "mean"},
                           epochs=24, batch_size=32, lr=2e-3, max_shift=1, flip=True),
-    # the model of ../shared/notes/learning.md's CIFAR-10 hour (811,146 parameters with cls
-    # pooling), mean-pooled, planned to end within 2 hours here with 2 worker processes
+    # the model of ../shared/notes/learning.md's CIFAR-10 hour (811,146 parameters), mean-pooled;
+    # best 79.50% (epoch 22), final 79.42% at 6758 s here, with 2 worker processes
     "cifar10": dict(dataset="cifar10", model="cifar10",
                     model_overrides={"embed_dim": 128, "num_heads": 4, "pool": "mean"},
                     epochs=25, lr=1e-3, warmup_epochs=2, max_shift=4, flip=True),
