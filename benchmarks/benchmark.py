@@ -55,9 +55,12 @@ value at the baseline. With ``--workers N`` tinyvit's figure is the sum over the
 parent and its N workers: the workers are started and run one 2-image
 inference before the baseline (each then holds its libraries and its replica
 of the weights), and each process's peak growth over its own baseline is
-added. The shared buffers are counted once, in the parent's baseline. On GPU: CuPy's memory-pool footprint (all blocks freed
-first) against ``torch.cuda.max_memory_allocated``, both over the bytes in use
-at the baseline (the pool figure includes blocks cached but not in use, so it
+added. Shared pages a worker first touches during the steps (its rows of the
+batch, its gradient slot) count in its growth although the parent's baseline
+already holds them, so the sum overstates by up to one gradient per worker
+(7 MB each on config C). On GPU: CuPy's memory-pool footprint (all blocks
+freed first) against ``torch.cuda.max_memory_allocated``, both over the bytes
+in use at the baseline (the pool figure includes blocks cached but not in use, so it
 is an upper bound where torch's is exact).
 """
 
