@@ -83,7 +83,7 @@ sys.path.insert(0, str(ROOT / "tests"))  # torch_reference.py lives with the tes
 
 import tinyvit  # noqa: E402
 from tinyvit import backend  # noqa: E402
-from tinyvit.loss import SoftmaxCrossEntropy  # noqa: E402
+from tinyvit.loss import SoftmaxCrossEntropy, loss_and_gradients  # noqa: E402
 from tinyvit.model import ViT, ViTConfig  # noqa: E402
 from tinyvit.optim import AdamW  # noqa: E402
 from tinyvit.parallel import DataParallel  # noqa: E402
@@ -296,9 +296,6 @@ class TinyvitRunner:
             self.parallel = DataParallel(self.model, self.workers, len(self.x)).__enter__()
             self.targets = self.loss_fn.targets(self.y, self.model.config.num_classes, self.x.dtype)
 
-    def worker_pids(self):
-        return [p.pid for p in self.parallel.processes] if self.parallel else []
-
     def prepare_training(self):
         self.optimizer = AdamW(self.model, lr=LR, weight_decay=WEIGHT_DECAY)
         self.start_workers()
@@ -312,10 +309,7 @@ class TinyvitRunner:
 
     def train_step(self):
         if self.parallel is None:
-            self.model.zero_grad()
-            logits = self.model.forward(self.x)
-            loss = self.loss_fn.forward(logits, self.y)
-            self.model.backward(self.loss_fn.backward())
+            loss, _ = loss_and_gradients(self.model, self.loss_fn, self.x, self.y, seed=0)
         else:  # the workers' gradients, combined in the model's gradient buffer
             loss, _ = self.parallel.gradients(self.x, self.targets)
         self.optimizer.step()
@@ -548,12 +542,13 @@ def memory_worker(spec, batch, steps, gpu, workers):
     one_step(make_runner(framework, config, 2, gpu), phase)  # page in code, one-time setup
     gc.collect()
     runner = make_runner(framework, config, batch, gpu, workers if framework == "tinyvit" else 1)
-    if framework == "tinyvit":
+    pids = []
+    if framework == "tinyvit" and workers > 1:
         runner.start_workers()
-        if runner.parallel:
-            runner.parallel.forward(runner.x[:2])  # the workers page in their code
+        runner.parallel.forward(runner.x[:2])  # the workers page in their code
+        pids = [p.pid for p in runner.parallel.processes]
     if not gpu:
-        meter = HostMemory(runner.worker_pids() if framework == "tinyvit" else ())
+        meter = HostMemory(pids)
     else:
         meter = CupyMemory() if framework == "tinyvit" else TorchCudaMemory()
     runner.sync()
@@ -564,7 +559,7 @@ def memory_worker(spec, batch, steps, gpu, workers):
         runner.sync()
         print("MEMORY " + json.dumps({"peak_mb": meter.peak_mb(), "method": meter.method}))
     finally:
-        if framework == "tinyvit":
+        if pids:
             runner.close()
 
 

@@ -31,7 +31,7 @@ import signal
 import traceback
 
 from .backend import default_dtype, on_cpu, xp
-from .loss import SoftmaxCrossEntropy
+from .loss import SoftmaxCrossEntropy, loss_and_gradients
 from .model import ViT
 
 MAX_AUTO_WORKERS = 4  # measured on 2 cores only: more than 4 small shares is untested
@@ -199,13 +199,8 @@ def _worker(rank, config, dtype, buffers, pipe):
                 shared["logits"][lo:hi] = model.eval().forward(x)
                 pipe.send(("ok", None))
                 continue
-            if not model.training:
-                model.train()
-            model.seed_dropout((*_as_tuple(seed), rank))
-            logits = model.forward(x)
-            loss = criterion.forward(logits, shared["targets"][lo:hi])
-            model.zero_grad()
-            model.backward(criterion.backward())
+            loss, logits = loss_and_gradients(model, criterion, x, shared["targets"][lo:hi],
+                                              (*_as_tuple(seed), rank))
             shared["grads"][rank] = grad
             shared["logits"][lo:hi] = logits
             pipe.send(("ok", float(loss)))

@@ -25,7 +25,7 @@ from . import plot
 from .backend import get_backend, host_rng, rng as device_rng, set_backend, to_device, to_host
 from .checkpoint import atomic_write, load_checkpoint, save_checkpoint
 from .data import Batches, dataset_info, load_dataset
-from .loss import SoftmaxCrossEntropy
+from .loss import SoftmaxCrossEntropy, loss_and_gradients
 from .model import PRESETS, ViT
 from .optim import SGD, AdamW, clip_grad_norm, warmup_cosine
 from .parallel import DataParallel
@@ -135,13 +135,7 @@ class Trainer:
         the host (the workers' loss is a host float already)."""
         x, target = self.mix(x, y, seed + (1,))
         if self.parallel is None:
-            if not self.model.training:
-                self.model.train()
-            self.model.seed_dropout(seed)
-            logits = self.model.forward(x)
-            loss = self.criterion.forward(logits, target)
-            self.model.zero_grad()
-            self.model.backward(self.criterion.backward())
+            loss, logits = loss_and_gradients(self.model, self.criterion, x, target, seed)
         else:  # the same, over the workers: their targets are distributions
             self.criterion.check_target(target, len(x), self.num_classes)
             targets = self.criterion.targets(target, self.num_classes, x.dtype)
