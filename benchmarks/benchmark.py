@@ -60,8 +60,8 @@ batch, its gradient slot) count in its growth although the parent's baseline
 already holds them, so the sum overstates by up to one gradient per worker
 (7 MB each on config C). On GPU: CuPy's memory-pool footprint (all blocks
 freed first) against ``torch.cuda.max_memory_allocated``, both over the bytes
-in use at the baseline (the pool figure includes blocks cached but not in use, so it
-is an upper bound where torch's is exact).
+in use at the baseline (the pool figure includes blocks cached but not in use,
+so it is an upper bound where torch's is exact).
 """
 
 import argparse
@@ -541,7 +541,7 @@ def memory_worker(spec, batch, steps, gpu, workers):
     config = CONFIGS[name]
     one_step(make_runner(framework, config, 2, gpu), phase)  # page in code, one-time setup
     gc.collect()
-    runner = make_runner(framework, config, batch, gpu, workers if framework == "tinyvit" else 1)
+    runner = make_runner(framework, config, batch, gpu, workers)
     pids = []
     if framework == "tinyvit" and workers > 1:
         runner.start_workers()
