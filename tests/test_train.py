@@ -78,6 +78,19 @@ def test_training_learns_the_synthetic_task(stripes, tmp_path):
         assert image.mode == "RGB" and image.width > 400
 
 
+def test_eval_every_evaluates_those_epochs_and_the_last(stripes, tmp_path, capsys):
+    history = fit(tiny_config(stripes, tmp_path / "run", epochs=5, eval_every=2))
+    evaluated = [row["epoch"] for row in history if row["test_acc"] is not None]
+    assert evaluated == [2, 4, 5]
+    assert all(row["test_loss"] is None for row in history if row["epoch"] in (1, 3))
+    assert "epoch 1: train loss" in capsys.readouterr().out
+    _, _, best = load_checkpoint(tmp_path / "run" / "best.npz")
+    best_row = max((row for row in history if row["test_acc"] is not None), key=lambda row: row["test_acc"])
+    assert best["epoch"] + 1 == best_row["epoch"]  # saved as that epoch ended
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["epochs"][0]["test_acc"] is None and sum(map(sum, metrics["confusion_matrix"])) == 100
+
+
 # stop after step 4 (mid-epoch 1), 10 (end of epoch 1), 15 (mid-epoch 2); with 2 worker processes too
 @pytest.mark.parametrize("stop_after, workers", [(4, 1), (10, 1), (15, 1), (4, 2)])
 def test_resumed_run_ends_with_the_same_weights(stripes, tmp_path, stop_after, workers):

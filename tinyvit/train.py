@@ -57,6 +57,7 @@ class TrainConfig:
     out_dir: str = "runs/mnist"
     backend: str = "numpy"
     eval_batch_size: int = 500
+    eval_every: int = 1  # epochs between test evaluations (the last epoch is always evaluated)
     workers: int = 1  # processes sharing each batch (tinyvit.parallel; NumPy only); 1 = this one
     log_every: int = 20  # steps between progress-bar updates (host transfers)
     train_subset: int = 0  # use only the first N training images (0 = all)
@@ -67,7 +68,7 @@ class TrainConfig:
             raise ValueError(f"unknown model preset {self.model!r}; presets: {', '.join(PRESETS)}")
         if self.optimizer not in ("adamw", "sgd"):
             raise ValueError(f"optimizer must be 'adamw' or 'sgd', got {self.optimizer!r}")
-        for name in ("epochs", "batch_size", "eval_batch_size", "log_every", "workers"):
+        for name in ("epochs", "batch_size", "eval_batch_size", "eval_every", "log_every", "workers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
 
@@ -213,13 +214,13 @@ def fit(config, resume=None, stop_after_steps=None):
         state.update({k: meta[k] for k in state})
         print(f"resumed from {resume} at epoch {state['epoch'] + 1}, step {state['step']}")
     _print_start(config, trainer.model, train_batches)
-    steps_done = 0
+    steps_done, evaluation = 0, None
     with trainer:
         try:
             while state["epoch"] < config.epochs:
                 steps_done += _train_epoch(trainer, train_batches, state, stop_after_steps, steps_done)
-                _end_epoch(trainer, test_batches, state, config, out)
-            _finish(trainer, test_batches, state, config, out)
+                evaluation = _end_epoch(trainer, test_batches, state, config, out)
+            _finish(trainer, test_batches, state, config, out, evaluation)
         except KeyboardInterrupt:  # in training or in evaluation: state says where the run is
             path = _save(out / "last.npz", trainer, config, state)
             print(f"\ninterrupted: saved {path} (epoch {state['epoch'] + 1}, step {state['step']}); "
@@ -272,13 +273,18 @@ def _train_epoch(trainer, batches, state, stop_after_steps, steps_done):
 
 
 def _end_epoch(trainer, test_batches, state, config, out):
-    """Evaluate, then move the state past this epoch in one update, so a Ctrl-C
+    """Evaluate (every ``eval_every`` epochs and after the last; other epochs
+    record None), then move the state past this epoch in one update, so a Ctrl-C
     anywhere leaves it either before the epoch's end (resuming evaluates again)
-    or after it."""
+    or after it. Returns ``evaluate``'s result, or None."""
     start = time.perf_counter()
-    test_loss, test_acc, _, _ = evaluate(trainer.evaluator(), test_batches)
+    epoch = state["epoch"]
+    evaluation = test_loss = test_acc = None
+    if (epoch + 1) % config.eval_every == 0 or epoch + 1 == config.epochs:
+        evaluation = evaluate(trainer.evaluator(), test_batches)
+        test_loss, test_acc = evaluation[:2]
     elapsed = state["elapsed"] + time.perf_counter() - start
-    run, epoch = state["running"], state["epoch"]
+    run = state["running"]
     seen = max(run["seen"], 1)
     row = {
         "epoch": epoch + 1,
@@ -290,15 +296,17 @@ def _end_epoch(trainer, test_batches, state, config, out):
         "images_per_s": run["seen"] / max(run["time"], 1e-9),
         "elapsed_s": elapsed,
     }
-    if test_acc > state["best_acc"]:
+    best = test_acc is not None and test_acc > state["best_acc"]
+    if best:
         _save(out / "best.npz", trainer, config, state)
     state.update(history=state["history"] + [row], epoch=epoch + 1, step=0, elapsed=elapsed,
-                 running=_new_running(), best_acc=max(state["best_acc"], test_acc))
+                 running=_new_running(), best_acc=test_acc if best else state["best_acc"])
+    test = "not evaluated" if test_acc is None else f"loss {test_loss:.4f} acc {test_acc:.4f}"
     print(f"epoch {epoch + 1}: train loss {row['train_loss']:.4f} acc {row['train_acc']:.4f} | "
-          f"test loss {test_loss:.4f} acc {test_acc:.4f} | {row['images_per_s']:.0f} img/s | "
-          f"{elapsed:.0f} s")
+          f"test {test} | {row['images_per_s']:.0f} img/s | {elapsed:.0f} s")
     _save(out / "last.npz", trainer, config, state)
     _write_metrics(out, state["history"])
+    return evaluation
 
 
 def _new_running():
@@ -328,9 +336,10 @@ def _write_metrics(out, history, extra=None):
     )
 
 
-def _finish(trainer, test_batches, state, config, out):
-    """Per-class accuracy and the confusion matrix of the final model."""
-    _, test_acc, predictions, labels = evaluate(trainer.evaluator(), test_batches)
+def _finish(trainer, test_batches, state, config, out, evaluation=None):
+    """Per-class accuracy and the confusion matrix of the final model, from the
+    last epoch's ``evaluation`` (or a new one, for a resumed run already done)."""
+    _, test_acc, predictions, labels = evaluation or evaluate(trainer.evaluator(), test_batches)
     classes = dataset_info(config.dataset).classes
     counts = confusion_matrix(predictions, labels, len(classes))
     per_class = {name: float(counts[i, i] / max(counts[i].sum(), 1)) for i, name in enumerate(classes)}
