@@ -111,16 +111,23 @@ def test_pos_embed_similarity_known_angles(backend):
 
 def test_rollout_of_uniform_attention_is_uniform(backend):
     """A = J/N is a projection P, so (0.5 P + 0.5 I)^L = P + 2^-L (I - P), whose
-    class-token row over the patches is (1 - 2^-L) / N everywhere."""
+    class-token row over the patches is (1 - 2^-L) / N everywhere. A patch row is
+    that plus 2^-L on its own patch, so their mean adds 2^-L / 16 (16 patches)."""
     for L in (1, 3):
         rollout = inspect.attention_rollout(uniform_maps(L, 2, 3, 17))
         assert rollout.shape == (2, 4, 4)
         np.testing.assert_allclose(rollout, (1 - 2.0**-L) / 17, rtol=1e-12)
+        mean_pooled = inspect.attention_rollout(uniform_maps(L, 2, 3, 17), pool="mean")
+        np.testing.assert_allclose(mean_pooled, (1 - 2.0**-L) / 17 + 2.0**-L / 16, rtol=1e-12)
 
 
-def test_rollout_of_identity_attention_stays_on_the_class_token(backend):
+def test_rollout_of_identity_attention_stays_on_each_token(backend):
+    """A = I: the class token keeps to itself (0 on every patch); the mean of the
+    patch tokens takes 1/16 of every patch."""
     rollout = inspect.attention_rollout(identity_maps(3, 2, 2, 17))
     np.testing.assert_array_equal(rollout, np.zeros((2, 4, 4)))
+    mean_pooled = inspect.attention_rollout(identity_maps(3, 2, 2, 17), pool="mean")
+    np.testing.assert_array_equal(mean_pooled, np.full((2, 4, 4), 1 / 16))
 
 
 def test_rollout_averages_heads_and_orders_layers(backend):
@@ -145,19 +152,28 @@ def test_rollout_averages_heads_and_orders_layers(backend):
     np.testing.assert_array_equal(inspect.attention_rollout([layer1, layer2]), [[[0.25, 0.25], [0, 0]]])
 
 
-def test_last_layer_cls_attention_reads_the_class_row(backend):
+def test_last_layer_attention_reads_the_class_row(backend):
     model = small_model()
     with pytest.raises(RuntimeError, match="run model.forward"):
-        inspect.last_layer_cls_attention(model)
+        inspect.last_layer_attention(model)
     model.forward(images(3))
     with pytest.raises(RuntimeError, match="call model.keep_attention"):
-        inspect.last_layer_cls_attention(model)  # that forward kept none
+        inspect.last_layer_attention(model)  # that forward kept none
     model.keep_attention().forward(images(3))
-    heads = inspect.last_layer_cls_attention(model)
+    heads = inspect.last_layer_attention(model)
     assert heads.shape == (3, 2, 4, 4)
     attn = B.to_host(model.attention_maps()[-1])
     np.testing.assert_array_equal(heads[1, 0, 2], attn[1, 0, 0, 9:13])  # grid row 2 = patches 8..11
     np.testing.assert_allclose(heads.sum(axis=(2, 3)), 1 - attn[:, :, 0, 0], atol=1e-12)
+
+
+def test_last_layer_attention_of_a_mean_pooled_model_averages_the_patch_rows(backend):
+    model = small_model(pool="mean").keep_attention()
+    model.forward(images(3))
+    heads = inspect.last_layer_attention(model)
+    attn = B.to_host(model.attention_maps()[-1])
+    np.testing.assert_allclose(heads[2, 1, 0], attn[2, 1, 1:, 1:5].mean(axis=0), rtol=1e-12)
+    np.testing.assert_allclose(heads.sum(axis=(2, 3)), 1 - attn[:, :, 1:, 0].mean(axis=2), atol=1e-12)
 
 
 # ---------------------------------------------------------------- attention distance

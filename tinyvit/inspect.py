@@ -7,8 +7,9 @@ writes four PNGs (Dosovitskiy et al. 2020, figures 6 and 7):
     filters.png               leading principal components of the patch-embedding filters
     pos_embed_similarity.png  cosine similarity of every patch's position embedding with every other's
     attention_distance.png    mean attention distance (pixels) of every head against depth
-    attention_maps.png        attention rollout of the class token over the image, and the
-                              last layer's raw class-token attention per head
+    attention_maps.png        attention rollout of what the head reads (the class token, or the
+                              mean of the patch tokens) over the image, and the last layer's raw
+                              attention of the same per head
 
 Computations (each returns host NumPy arrays, ready for ``plot``):
 
@@ -16,8 +17,8 @@ Computations (each returns host NumPy arrays, ready for ``plot``):
     pos_embed_similarity(model)          (G, G, G, G) cosine similarity of the patches' position embeddings
     attention_distance(attentions, P)    (L, H) attention-weighted query-key distance in pixels
     mean_attention_distance(model, x)    the same averaged over a set of images, running the model
-    attention_rollout(attentions)        (B, G, G) the class token's rolled-out attention to the patches
-    last_layer_cls_attention(model)      (B, H, G, G) the class token's raw attention in the last block
+    attention_rollout(attentions, pool)  (B, G, G) the pooled output's rolled-out attention to the patches
+    last_layer_attention(model)          (B, H, G, G) the pooled output's raw attention in the last block
 
 Parameters are small and analysed on the host (NumPy after ``to_host``);
 attention maps stay on the active backend (``xp``) until they are reduced.
@@ -42,6 +43,7 @@ from .train import load_image, load_trained, make_batches
 
 PICTURES = ("filters.png", "pos_embed_similarity.png", "attention_distance.png", "attention_maps.png")
 TILE_PX = 112  # images are upscaled to about this many pixels per side
+READOUT = {"cls": "class-token", "mean": "mean patch-token"}  # what the head reads, per pooling
 
 
 # ---------------------------------------------------------------- computations
@@ -180,8 +182,18 @@ def mean_attention_distance(model, images, batch_size=128):
     return total / len(images)
 
 
-def attention_rollout(attentions):
-    """Attention rollout (Abnar and Zuidema 2020) from the class token to the patches.
+def pooled_rows(a, pool):
+    """The row of a (..., N, N) token-to-token matrix for what the head reads, over
+    the patches: (..., N - 1). With ``pool="cls"`` the head reads the class token's
+    output, so the row is a[..., 0, 1:]; with "mean" it reads the mean of the patch
+    tokens' outputs, so a patch's share in it is the mean of its shares in those
+    outputs: the patch rows a[..., 1:, 1:] averaged."""
+    return a[..., 0, 1:] if pool == "cls" else a[..., 1:, 1:].mean(axis=-2)
+
+
+def attention_rollout(attentions, pool="cls"):
+    """Attention rollout (Abnar and Zuidema 2020) from the pooled output (the
+    class token, or the mean of the patch tokens: ``pooled_rows``) to the patches.
 
     Per layer, average the heads, Ā = mean_h A_h (B, N, N), and account for the
     residual connection by mixing in the identity:
@@ -193,14 +205,16 @@ def attention_rollout(attentions):
         R = Â_L ... Â_2 Â_1.
 
     R[b, i, j] is the share of token j's input that reaches token i's output.
-    Uniform attention (every A = 1/N) gives every patch (1 - 2^-L) / N;
-    attention on itself only (A = I) gives 0.
+    Uniform attention (every A = 1/N) gives every patch (1 - 2^-L) / N from
+    the class token; attention on itself only (A = I) gives 0 from the class
+    token and 1 / (N - 1) from the mean of the patch tokens.
 
     Args:
         attentions: a list of L (B, H, N, N) arrays, first layer first.
+        pool: "cls" or "mean", the model's pooling.
     Returns:
-        (B, G, G): R[:, 0, 1:], the class token's row over the patches, not
-        renormalized (the rest, R[:, 0, 0], stays on the class token).
+        (B, G, G): the pooled row of R over the patches, not renormalized (the
+        rest of the row stays on the class token).
     """
     if not attentions:
         raise ValueError("attention_rollout: no attention maps given")
@@ -211,18 +225,18 @@ def attention_rollout(attentions):
     for attn in attentions:
         mixed = 0.5 * to_device(attn).astype(xp.float64).mean(axis=1) + 0.5 * eye  # (B, N, N)
         rollout = mixed @ rollout  # (B, N, N)
-    return to_host(rollout[:, 0, 1:].reshape(B, G, G))
+    return to_host(pooled_rows(rollout, pool).reshape(B, G, G))
 
 
-def last_layer_cls_attention(model):
-    """The class token's attention to the patches in the last block, per head,
-    from the model's last forward pass: A[:, :, 0, 1:] as (B, H, G, G). Each
-    head's values sum to 1 minus what the class token gives itself (the model
+def last_layer_attention(model):
+    """The pooled output's attention to the patches in the last block, per head,
+    from the model's last forward pass: ``pooled_rows`` of A as (B, H, G, G).
+    Each head's values sum to 1 minus what goes to the class token (the model
     must keep its attention maps: ``model.keep_attention()``)."""
     attn = model.attention_maps()[-1]
     B, H, N, _ = attn.shape
     G = _grid_side(N - 1)
-    return to_host(attn[:, :, 0, 1:].reshape(B, H, G, G))
+    return to_host(pooled_rows(attn, model.config.pool).reshape(B, H, G, G))
 
 
 # ---------------------------------------------------------------- pictures
@@ -298,9 +312,10 @@ def plot_attention_distance(distances, path, patch_size, image_size, num_images)
 
 def plot_attention_maps(model, images, path, class_names=None):
     """For each image, a row: the input, its attention rollout overlaid, and the
-    last layer's class-token attention per head overlaid. Each overlay's colours
-    span its own min..max (yellow = most attended); a head's caption gives the
-    share of the class token's attention that goes to patches (the rest to itself).
+    last layer's attention per head overlaid, both for what the head reads (the
+    class token, or the mean of the patch tokens). Each overlay's colours span
+    its own min..max (yellow = most attended); a head's caption gives the share
+    of that attention that goes to patches (the rest to the class token).
 
     Args:
         model: a ViT (run here in eval mode, keeping its attention maps; its modes are restored).
@@ -310,8 +325,8 @@ def plot_attention_maps(model, images, path, class_names=None):
     """
     with _inspection_mode(model):
         logits = to_host(model.forward(to_device(images)))  # (B, K)
-        rollout = attention_rollout(model.attention_maps())  # (B, G, G)
-        heads = last_layer_cls_attention(model)  # (B, H, G, G)
+        rollout = attention_rollout(model.attention_maps(), model.config.pool)  # (B, G, G)
+        heads = last_layer_attention(model)  # (B, H, G, G)
     depth, num_heads = len(model.blocks), heads.shape[1]
     factor = max(1, TILE_PX // model.config.image_size)
     tiles, titles = [], []
@@ -324,8 +339,8 @@ def plot_attention_maps(model, images, path, class_names=None):
             titles.append(f"head {h + 1}  {heads[b, h].sum():.0%}")
     return plot.image_grid(
         tiles, path, cols=2 + num_heads, tile_titles=titles, scale=1,
-        title=f"class-token attention: rollout over all {depth} layers, then layer {depth}'s "
-              f"heads (% on patches)",
+        title=f"{READOUT[model.config.pool]} attention: rollout over all {depth} layers, then "
+              f"layer {depth}'s heads (% on patches)",
     )
 
 
