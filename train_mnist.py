@@ -122,10 +122,12 @@ def main(argv=None):
         print(f"{args.eval}: test accuracy {acc:.4f}, loss {loss:.4f} ({config.dataset})")
         return 0
     try:
-        if args.resume:
-            fit(None, resume=resume_path(args.resume))
-        else:
-            fit(make_config(args))
+        config = None if args.resume else make_config(args)
+    except ValueError as error:  # a flag out of range (e.g. --epochs 0): say which, no traceback
+        print(f"train_mnist.py: error: {error}", file=sys.stderr)
+        return 2
+    try:
+        fit(config, resume=resume_path(args.resume) if args.resume else None)
     except KeyboardInterrupt:
         return 130
     return 0

@@ -181,6 +181,15 @@ def test_cli_trains_evaluates_and_predicts(stripes, tmp_path, capsys):
         assert probabilities == sorted(probabilities, reverse=True) and sum(probabilities) <= 1.0
 
 
+@pytest.mark.parametrize("flag, value", [("--epochs", "0"), ("--eval-every", "0"), ("--batch-size", "-1")])
+def test_cli_rejects_a_flag_out_of_range_in_one_line(tmp_path, capsys, flag, value):
+    out = tmp_path / "cli"
+    assert train_mnist.main(["--out", str(out), flag, value]) == 2
+    name = flag[2:].replace("-", "_")
+    assert capsys.readouterr().err == f"train_mnist.py: error: {name} must be at least 1, got {value}\n"
+    assert not out.exists()
+
+
 def test_predict_rejects_a_file_that_is_not_an_image(stripes, tmp_path):
     fit(tiny_config(stripes, tmp_path / "run", epochs=1))
     model, config = load_trained(tmp_path / "run" / "best.npz")
