@@ -16,6 +16,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
+from tinyvit import backend
 from tinyvit.parallel import MAX_AUTO_WORKERS, auto_workers
 from tinyvit.train import TrainConfig, evaluate, fit, load_trained, make_batches, predict
 
@@ -107,6 +108,7 @@ def resume_path(path):
 
 def main(argv=None):
     args = parse_args(argv)
+    backend.keep_freed_memory()  # this process is ours: reuse freed arrays' pages (tinyvit/backend.py)
     if args.predict:
         if not args.checkpoint:
             sys.exit("--predict needs --checkpoint CKPT (e.g. runs/mnist/best.npz)")

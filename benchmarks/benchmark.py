@@ -32,7 +32,8 @@ Both models train on the same batch from the same weights for the same number
 of steps, so their final losses are printed side by side: a check that the
 backward passes and the AdamW steps agree too.
 Both sides use the same thread count: torch.set_num_threads(number of OpenBLAS
-threads).
+threads), and the same allocator settings: this process, like train_mnist.py,
+calls ``backend.keep_freed_memory()`` (glibc keeps freed arrays' pages for reuse).
 
 GFLOP/s counts only the model's matmuls, from the config (``matmul_flops``);
 the fraction is of the float32 matmul peak of a large square matmul in NumPy
@@ -743,8 +744,10 @@ def print_summary(results, peaks):
 
 
 def setup_backends(gpu):
-    """Select the array backend and torch's threads; exit with a clear message
-    when GPU mode lacks CuPy or CUDA."""
+    """Select the array backend and torch's threads, and keep freed memory in this
+    process as train_mnist.py does (both frameworks share it); exit with a clear
+    message when GPU mode lacks CuPy or CUDA."""
+    backend.keep_freed_memory()
     if gpu:
         try:
             backend.set_backend("cupy")

@@ -106,6 +106,22 @@ def test_gelu_matches_exact_definition(backend):
     np.testing.assert_allclose(y, expected, rtol=0, atol=1e-13)
 
 
+def test_gelu_float32_value_and_derivative_within_5e7(backend):
+    """float32 computes x/2 + |x| (1/2 - Phi(-|x|)) and its derivative; both within
+    A&S's 5e-7 (relative to max(1, |x|)), the same in eval mode (no derivative)."""
+    x = np.linspace(-10, 10, 20001).astype(np.float32)
+    exact = np.array([0.5 * v * math.erfc(-v / math.sqrt(2)) for v in x.astype(np.float64)])
+    exact_dydx = np.array([0.5 * math.erfc(-v / math.sqrt(2)) + v * math.exp(-0.5 * v * v) / math.sqrt(2 * math.pi)
+                           for v in x.astype(np.float64)])
+    gelu = GELU()
+    y = B.to_host(gelu.forward(B.to_device(x)))
+    dydx = B.to_host(gelu.backward(B.to_device(np.ones_like(x))))
+    assert y.dtype == np.float32 and dydx.dtype == np.float32
+    assert (np.abs(y - exact) / np.maximum(1, np.abs(x))).max() < 5e-7
+    assert np.abs(dydx - exact_dydx).max() < 5e-7
+    np.testing.assert_array_equal(B.to_host(gelu.eval().forward(B.to_device(x))), y)
+
+
 def test_gelu_matches_torch_to_1e12(backend):
     torch = pytest.importorskip("torch")
     x = np.random.default_rng(0).standard_normal(10_000) * 4

@@ -30,7 +30,7 @@ import os
 import signal
 import traceback
 
-from .backend import default_dtype, on_cpu, xp
+from .backend import default_dtype, keep_freed_memory, on_cpu, xp
 from .loss import SoftmaxCrossEntropy, loss_and_gradients
 from .model import ViT
 
@@ -168,7 +168,7 @@ class DataParallel:
             for rank, lo, hi in shards:
                 self.pipes[rank].send((mode, lo, hi, seed))
             replies = [self.pipes[rank].recv() for rank, _, _ in shards]  # all, so none is left unread
-        except (EOFError, BrokenPipeError):
+        except (EOFError, OSError):  # a worker gone: end of file, broken pipe or reset connection
             dead = [p.name for p in self.processes if not p.is_alive()]
             raise RuntimeError(f"tinyvit worker process exited unexpectedly: {', '.join(dead)}") from None
         for (rank, _, _), (status, value) in zip(shards, replies):
@@ -185,6 +185,7 @@ def _view(raw, shape, dtype):
 def _worker(rank, config, dtype, buffers, pipe):
     """A worker's loop: one command per message until None."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the parent, which saves the run
+    keep_freed_memory()  # this process is tinyvit's own: reuse freed arrays' pages
     shared = {name: _view(*spec) for name, spec in buffers.items()}
     with default_dtype(dtype):
         model = ViT(config)  # its weights are overwritten from shared memory at every command
