@@ -216,9 +216,12 @@ def test_mean_attention_distance_runs_the_model_in_batches(backend):
     model = small_model()
     x = images(5)
     distances = inspect.mean_attention_distance(model, x, batch_size=2)  # batches of 2, 2, 1
-    assert distances.shape == (2, 2) and model.training  # modes restored
+    assert distances.shape == (2, 2) and model.training and not model.keeps_attention  # modes restored
     with pytest.raises(RuntimeError, match="call model.keep_attention"):
         model.attention_maps()
+    model.keep_attention()
+    inspect.mean_attention_distance(model, x, batch_size=2)
+    assert model.keeps_attention
     model.eval().keep_attention().forward(x)
     expected = inspect.attention_distance(model.attention_maps(), 7)
     np.testing.assert_allclose(distances, expected, rtol=1e-12)

@@ -52,7 +52,7 @@ READOUT = {"cls": "class-token", "mean": "mean patch-token"}  # what the head re
 @contextlib.contextmanager
 def _inspection_mode(model):
     """Eval mode with the attention maps kept; the model's modes are restored after."""
-    was_training, kept = model.training, model.blocks[0].attn.keep_attn
+    was_training, kept = model.training, model.keeps_attention
     model.eval().keep_attention()
     try:
         yield model

@@ -194,6 +194,11 @@ class ViT(Module):
                 block.attn.attn = None
         return self
 
+    @property
+    def keeps_attention(self):
+        """Whether ``keep_attention`` is on."""
+        return self.blocks[0].attn.keep_attn
+
     def attention_maps(self):
         """Attention weights of the last forward, one (B, H, N, N) array per block."""
         maps = [block.attn.attn for block in self.blocks]
