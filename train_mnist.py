@@ -40,9 +40,15 @@ RECIPES = {
 
 MODEL_FLAGS = ("patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio", "dropout", "attn_dropout", "pool")
 
+# The modes other than training, and the only other flags each reads: a resumed run
+# takes every setting from its checkpoint. Any other flag given with one of them
+# would be silently ignored, so it is an error instead.
+MODES = {"resume": (), "eval": ("data_dir", "test_subset"), "predict": ("checkpoint",)}
+
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="train_mnist.py", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--recipe", choices=sorted(RECIPES), help="a tested recipe (default: the dataset's)")
     p.add_argument("--dataset", choices=["mnist", "fashion-mnist", "cifar10"])
     p.add_argument("--data-dir", help="folder with the dataset files (else $TINYVIT_DATA, the cache, a download)")
@@ -85,7 +91,33 @@ def parse_args(argv):
     g.add_argument("--train-subset", type=int, help="train on the first N images only")
     g.add_argument("--test-subset", type=int, help="evaluate on the first N images only")
     g.add_argument("--eval-every", type=int, help="epochs between test evaluations (the last is always evaluated)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    check_mode(p, args)
+    return args
+
+
+def check_mode(parser, args):
+    """At most one of --resume, --eval and --predict, with only the flags it reads:
+    otherwise a one-line error that names the flags, and exit status 2."""
+    flag = {action.dest: action.option_strings[0] for action in parser._actions}
+    given = [dest for dest, value in vars(args).items() if value is not None]
+    modes = [dest for dest in given if dest in MODES]
+    if len(modes) > 1:
+        fail(parser, f"{' and '.join(flag[m] for m in modes)} are separate modes: give one")
+    if ("predict" in given) != ("checkpoint" in given):
+        fail(parser, "--predict IMAGE and --checkpoint CKPT go together: give both or neither")
+    if not modes:
+        return
+    mode = modes[0]
+    ignored = [flag[dest] for dest in given if dest != mode and dest not in MODES[mode]]
+    if ignored:
+        reads = (f"only {' and '.join(flag[dest] for dest in MODES[mode])}" if MODES[mode]
+                 else "every setting from the checkpoint")
+        fail(parser, f"{flag[mode]} takes {reads}: it would ignore {', '.join(ignored)}")
+
+
+def fail(parser, message):
+    parser.exit(2, f"{parser.prog}: error: {message}\n")
 
 
 def make_config(args):
@@ -110,8 +142,6 @@ def main(argv=None):
     args = parse_args(argv)
     backend.keep_freed_memory()  # this process is ours: reuse freed arrays' pages (tinyvit/backend.py)
     if args.predict:
-        if not args.checkpoint:
-            sys.exit("--predict needs --checkpoint CKPT (e.g. runs/mnist/best.npz)")
         model, config = load_trained(args.checkpoint)
         for name, prob in predict(model, config, args.predict):
             print(f"{name}: {prob:.4f}")

@@ -190,6 +190,26 @@ def test_cli_rejects_a_flag_out_of_range_in_one_line(tmp_path, capsys, flag, val
     assert not out.exists()
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--resume", "run", "--epochs", "30", "--out", "x"],
+     "--resume takes every setting from the checkpoint: it would ignore --out, --epochs"),
+    (["--eval", "best.npz", "--data-dir", "d", "--lr", "1"],
+     "--eval takes only --data-dir and --test-subset: it would ignore --lr"),
+    (["--predict", "a.png", "--checkpoint", "best.npz", "--seed", "2"],
+     "--predict takes only --checkpoint: it would ignore --seed"),
+    (["--eval", "best.npz", "--predict", "a.png"], "--eval and --predict are separate modes: give one"),
+    (["--checkpoint", "best.npz"], "--predict IMAGE and --checkpoint CKPT go together: give both or neither"),
+    (["--predict", "a.png"], "--predict IMAGE and --checkpoint CKPT go together: give both or neither"),
+])
+def test_cli_rejects_flags_its_mode_would_ignore(tmp_path, capsys, monkeypatch, args, message):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_:
+        train_mnist.main(args)
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == f"train_mnist.py: error: {message}\n"
+    assert list(tmp_path.iterdir()) == []  # nothing read, nothing written
+
+
 def test_predict_rejects_a_file_that_is_not_an_image(stripes, tmp_path):
     fit(tiny_config(stripes, tmp_path / "run", epochs=1))
     model, config = load_trained(tmp_path / "run" / "best.npz")
