@@ -32,7 +32,8 @@ RECIPES = {
                           model_overrides={"patch_size": 4, "num_heads": 2, "pool": "mean"},
                           epochs=24, batch_size=32, lr=2e-3, max_shift=1, flip=True),
     # the model of ../shared/notes/learning.md's CIFAR-10 hour (811,146 parameters), mean-pooled;
-    # final 80.52% at 6439 s here, and 80.05% at 5888 s with the faster GELU (2 worker processes)
+    # final 80.52% at 6439 s here, 80.05% at 5888 s with the faster GELU, and 79.90% at 6373 s
+    # with --seed 1 (2 worker processes)
     "cifar10": dict(dataset="cifar10", model="cifar10",
                     model_overrides={"embed_dim": 128, "num_heads": 4, "pool": "mean"},
                     epochs=27, eval_every=5, lr=1e-3, warmup_epochs=2, max_shift=4, flip=True),
