@@ -48,8 +48,7 @@ MODES = {"resume": (), "eval": ("data_dir", "test_subset"), "predict": ("checkpo
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="train_mnist.py", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--recipe", choices=sorted(RECIPES), help="a tested recipe (default: the dataset's)")
     p.add_argument("--dataset", choices=["mnist", "fashion-mnist", "cifar10"])
     p.add_argument("--data-dir", help="folder with the dataset files (else $TINYVIT_DATA, the cache, a download)")
@@ -99,14 +98,14 @@ def parse_args(argv):
 
 def check_mode(parser, args):
     """At most one of --resume, --eval and --predict, with only the flags it reads:
-    otherwise a one-line error that names the flags, and exit status 2."""
+    otherwise a ValueError that names the flags."""
     flag = {action.dest: action.option_strings[0] for action in parser._actions}
     given = [dest for dest, value in vars(args).items() if value is not None]
     modes = [dest for dest in given if dest in MODES]
     if len(modes) > 1:
-        fail(parser, f"{' and '.join(flag[m] for m in modes)} are separate modes: give one")
+        raise ValueError(f"{' and '.join(flag[m] for m in modes)} are separate modes: give one")
     if ("predict" in given) != ("checkpoint" in given):
-        fail(parser, "--predict IMAGE and --checkpoint CKPT go together: give both or neither")
+        raise ValueError("--predict IMAGE and --checkpoint CKPT go together: give both or neither")
     if not modes:
         return
     mode = modes[0]
@@ -114,11 +113,7 @@ def check_mode(parser, args):
     if ignored:
         reads = (f"only {' and '.join(flag[dest] for dest in MODES[mode])}" if MODES[mode]
                  else "every setting from the checkpoint")
-        fail(parser, f"{flag[mode]} takes {reads}: it would ignore {', '.join(ignored)}")
-
-
-def fail(parser, message):
-    parser.exit(2, f"{parser.prog}: error: {message}\n")
+        raise ValueError(f"{flag[mode]} takes {reads}: it would ignore {', '.join(ignored)}")
 
 
 def make_config(args):
@@ -140,7 +135,13 @@ def resume_path(path):
 
 
 def main(argv=None):
-    args = parse_args(argv)
+    try:
+        args = parse_args(argv)
+        training = not any(getattr(args, mode) for mode in MODES)
+        config = make_config(args) if training else None
+    except ValueError as error:  # a flag out of range (--epochs 0) or one its mode would ignore
+        print(f"train_mnist.py: error: {error}", file=sys.stderr)
+        return 2
     backend.keep_freed_memory()  # this process is ours: reuse freed arrays' pages (tinyvit/backend.py)
     if args.predict:
         model, config = load_trained(args.checkpoint)
@@ -154,11 +155,6 @@ def main(argv=None):
         loss, acc, _, _ = evaluate(model, make_batches(config, "test"))
         print(f"{args.eval}: test accuracy {acc:.4f}, loss {loss:.4f} ({config.dataset})")
         return 0
-    try:
-        config = None if args.resume else make_config(args)
-    except ValueError as error:  # a flag out of range (e.g. --epochs 0): say which, no traceback
-        print(f"train_mnist.py: error: {error}", file=sys.stderr)
-        return 2
     try:
         fit(config, resume=resume_path(args.resume) if args.resume else None)
     except KeyboardInterrupt:
