@@ -92,13 +92,12 @@ def parse_args(argv):
     g.add_argument("--test-subset", type=int, help="evaluate on the first N images only")
     g.add_argument("--eval-every", type=int, help="epochs between test evaluations (the last is always evaluated)")
     args = p.parse_args(argv)
-    check_mode(p, args)
-    return args
+    return args, check_mode(p, args)
 
 
 def check_mode(parser, args):
-    """At most one of --resume, --eval and --predict, with only the flags it reads:
-    otherwise a ValueError that names the flags."""
+    """The mode: "train", or the one of --resume, --eval and --predict given, with only
+    the flags it reads; otherwise a ValueError that names the flags."""
     flag = {action.dest: action.option_strings[0] for action in parser._actions}
     given = [dest for dest, value in vars(args).items() if value is not None]
     modes = [dest for dest in given if dest in MODES]
@@ -107,13 +106,14 @@ def check_mode(parser, args):
     if ("predict" in given) != ("checkpoint" in given):
         raise ValueError("--predict IMAGE and --checkpoint CKPT go together: give both or neither")
     if not modes:
-        return
+        return "train"
     mode = modes[0]
     ignored = [flag[dest] for dest in given if dest != mode and dest not in MODES[mode]]
     if ignored:
         reads = (f"only {' and '.join(flag[dest] for dest in MODES[mode])}" if MODES[mode]
                  else "every setting from the checkpoint")
         raise ValueError(f"{flag[mode]} takes {reads}: it would ignore {', '.join(ignored)}")
+    return mode
 
 
 def make_config(args):
@@ -136,19 +136,18 @@ def resume_path(path):
 
 def main(argv=None):
     try:
-        args = parse_args(argv)
-        training = not any(getattr(args, mode) for mode in MODES)
-        config = make_config(args) if training else None
+        args, mode = parse_args(argv)
+        config = make_config(args) if mode == "train" else None
     except ValueError as error:  # a flag out of range (--epochs 0) or one its mode would ignore
         print(f"train_mnist.py: error: {error}", file=sys.stderr)
         return 2
     backend.keep_freed_memory()  # this process is ours: reuse freed arrays' pages (tinyvit/backend.py)
-    if args.predict:
+    if mode == "predict":
         model, config = load_trained(args.checkpoint)
         for name, prob in predict(model, config, args.predict):
             print(f"{name}: {prob:.4f}")
         return 0
-    if args.eval:
+    if mode == "eval":
         model, config = load_trained(args.eval)
         config = dataclasses.replace(config, data_dir=args.data_dir or config.data_dir,
                                      test_subset=args.test_subset or 0)
@@ -156,7 +155,7 @@ def main(argv=None):
         print(f"{args.eval}: test accuracy {acc:.4f}, loss {loss:.4f} ({config.dataset})")
         return 0
     try:
-        fit(config, resume=resume_path(args.resume) if args.resume else None)
+        fit(config, resume=resume_path(args.resume) if mode == "resume" else None)
     except KeyboardInterrupt:
         return 130
     return 0

@@ -208,6 +208,13 @@ def test_cli_rejects_flags_its_mode_would_ignore(tmp_path, capsys, monkeypatch, 
     assert list(tmp_path.iterdir()) == []  # nothing read, nothing written
 
 
+def test_cli_mode_is_decided_once_so_an_empty_resume_resumes(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match="no such checkpoint file: last.npz"):
+        train_mnist.main(["--resume", ""])
+    assert list(tmp_path.iterdir()) == []  # no fresh run started in runs/
+
+
 def test_predict_rejects_a_file_that_is_not_an_image(stripes, tmp_path):
     fit(tiny_config(stripes, tmp_path / "run", epochs=1))
     model, config = load_trained(tmp_path / "run" / "best.npz")
