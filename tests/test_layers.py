@@ -320,6 +320,7 @@ def test_gradients_accumulate_until_zero_grad(backend):
     layer.forward(x)
     layer.backward(dout)
     once = {n: B.to_host(p.grad).copy() for n, p in layer.named_parameters()}
+    layer.forward(x)
     layer.backward(dout)
     for n, p in layer.named_parameters():
         np.testing.assert_allclose(B.to_host(p.grad), 2 * once[n], rtol=1e-14)
@@ -329,8 +330,20 @@ def test_gradients_accumulate_until_zero_grad(backend):
 
 @pytest.mark.parametrize("layer", [Linear(4, 4), LayerNorm(4), GELU(), Attention(4, 2), Patchify(2)])
 def test_backward_before_forward_is_an_error(layer):
-    with pytest.raises(RuntimeError, match="backward called before forward"):
+    with pytest.raises(RuntimeError, match="backward called without a forward before it"):
         layer.backward(B.xp.ones((1, 4, 4)))
+
+
+@pytest.mark.parametrize("make", [lambda: LayerNorm(4), GELU, lambda: Block(4, 2, 2.0, rng=B.host_rng(0))])
+def test_a_second_backward_after_one_forward_is_an_error(make):
+    # each forward serves one backward, which may overwrite its cache in place
+    # (LayerNorm's xhat, GELU's derivative): a second one would read garbage
+    layer = make()
+    x = B.xp.ones((1, 3, 4)) + B.xp.arange(4.0)
+    layer.forward(x)
+    layer.backward(x)
+    with pytest.raises(RuntimeError, match="backward called without a forward before it"):
+        layer.backward(x)
 
 
 def test_linear_rejects_wrong_width(backend):

@@ -129,6 +129,7 @@ def test_backward_is_softmax_minus_target_over_batch(backend):
     t = np.full((5, 7), 0.2 / 7)
     t[np.arange(5), y] += 0.8
     np.testing.assert_allclose(B.to_host(loss.backward()), (p - t) / 5, rtol=1e-13, atol=1e-16)
+    loss, _ = run(0.2, z, y)  # each forward serves one backward
     np.testing.assert_allclose(B.to_host(loss.backward(3.0)), 3 * (p - t) / 5, rtol=1e-13, atol=1e-16)
 
 
@@ -189,5 +190,5 @@ def test_bad_label_smoothing(smoothing):
 
 
 def test_backward_before_forward():
-    with pytest.raises(RuntimeError, match="SoftmaxCrossEntropy.backward called before forward"):
+    with pytest.raises(RuntimeError, match="SoftmaxCrossEntropy.backward called without a forward before it"):
         SoftmaxCrossEntropy().backward()

@@ -168,7 +168,7 @@ def test_bad_images_get_clear_errors(make_input, message):
 
 
 def test_backward_before_forward_is_an_error():
-    with pytest.raises(RuntimeError, match="ViT.backward called before forward"):
+    with pytest.raises(RuntimeError, match="ViT.backward called without a forward before it"):
         ViT(**TINY).backward(np.zeros((1, 3), np.float32))
 
 

@@ -3,9 +3,11 @@
 Contract (CS231n's, as classes):
 - ``forward(x)`` computes the output and keeps in ``self.cache`` exactly what
   ``backward`` needs, and nothing more;
-- ``backward(dout)`` unpacks that cache on its first line, returns ``dx`` and
-  *accumulates* (``+=``) its parameter gradients into ``param.grad``; one
-  ``zero_grad()`` resets them. Residual branches therefore add up by themselves.
+- ``backward(dout)`` takes that cache on its first line (each forward serves one
+  backward: taking it clears it, so a backward may overwrite what it cached
+  instead of allocating), returns ``dx`` and *accumulates* (``+=``) its parameter
+  gradients into ``param.grad``; one ``zero_grad()`` resets them. Residual
+  branches therefore add up by themselves.
 
 Shape legend: B batch, N tokens (patches, plus 1 for the class token), D embed_dim,
 H num_heads, Dh = D // H head dim, C channels, P patch_size, K classes.
@@ -56,14 +58,16 @@ class Module:
         raise NotImplementedError
 
     def _take_cache(self):
-        """The cache of the last forward, or a clear error if there was none
-        (layers keep no cache in eval mode: inference needs no backward)."""
-        if self.cache is None:
+        """The cache of the last forward, cleared here: a backward may overwrite
+        it in place. A clear error if there is none (layers keep no cache in
+        eval mode: inference needs no backward)."""
+        cache, self.cache = self.cache, None
+        if cache is None:
             raise RuntimeError(
-                f"{type(self).__name__}.backward called before forward "
-                "(or after a forward in eval mode, which keeps no cache)"
+                f"{type(self).__name__}.backward called without a forward before it "
+                "(each training-mode forward serves one backward; eval mode keeps no cache)"
             )
-        return self.cache
+        return cache
 
     # -- walking the tree ----------------------------------------------------
 
@@ -357,7 +361,8 @@ class LayerNorm(Module):
         xp.reciprocal(rstd, out=rstd)  # (..., 1)
         xhat *= rstd
         self.cache = (xhat, rstd) if self.training else None
-        y = xhat * self.weight.data
+        # training keeps xhat for the backward; in eval y reuses its memory
+        y = xhat * self.weight.data if self.training else xp.multiply(xhat, self.weight.data, out=xhat)
         y += self.bias.data
         return y
 
@@ -379,7 +384,8 @@ class LayerNorm(Module):
         mean_gx = row_sum(g, xhat)
         mean_gx *= 1.0 / D
         g -= mean_g
-        g -= xhat * mean_gx
+        xhat *= mean_gx  # xhat's last use: scaled in place, no temporary
+        g -= xhat
         g *= rstd
         return g
 
@@ -443,7 +449,7 @@ def _abs_and_half_minus_tail(x):
     xp.exp(gauss, out=gauss)  # exp(-x^2/2)
     t = a * (_AS_P * _SQRT_HALF)
     t += 1.0
-    xp.reciprocal(t, out=t)
+    xp.divide(1.0, t, out=t)  # t = 1/t (in float32 this ran 1.6x faster than xp.reciprocal)
     w = t * _AS_HALF_A[-1]  # Horner: w = t (a1/2 + t (a2/2 + ...))
     for c in reversed(_AS_HALF_A[:-1]):
         w += c
@@ -495,8 +501,9 @@ class GELU(Module):
             tanh:  y = x (1 + t) / 2, t = tanh(u), u = c (x + a x^3)
                    =>  y' = (1 + t)/2 + x (1 - t^2) c (1 + 3 a x^2) / 2.
         """
-        dydx = self._take_cache()
-        return dout * dydx.reshape(dout.shape)
+        dydx = self._take_cache().reshape(dout.shape)
+        dydx *= dout  # in place: the cache serves one backward
+        return dydx
 
 
 def _gelu_erf(x, y, dydx):
@@ -629,7 +636,10 @@ class Attention(Module):
         qkv = self.qkv.forward(x)  # (B, N, 3D)
         q, k, v = qkv.reshape(B, N, 3, H, Dh).transpose(2, 0, 3, 1, 4)  # each (B, H, N, Dh)
         q = q * self.scale  # scaling q (N*Dh values) is cheaper than the scores (N*N)
-        attn = softmax(q @ k.transpose(0, 1, 3, 2))  # (B, H, N, N)
+        # k^T copied into its own memory: k is a strided view into qkv, and the
+        # batched matmul by a contiguous k^T ran 1.1-1.3x faster, copy included
+        k_t = xp.ascontiguousarray(k.transpose(0, 1, 3, 2))  # (B, H, Dh, N)
+        attn = softmax(q @ k_t)  # (B, H, N, N)
         self.attn = attn if self.keep_attn else None
         attn_d = self.attn_drop.forward(attn)
         ctx = attn_d @ v  # (B, H, N, Dh)
