@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 
 from tinyvit import backend
+from tinyvit.checkpoint import CheckpointError
+from tinyvit.data import DatasetError
 from tinyvit.parallel import MAX_AUTO_WORKERS, auto_workers
 from tinyvit.train import TrainConfig, evaluate, fit, load_trained, make_batches, predict
 
@@ -134,6 +136,22 @@ def resume_path(path):
     return path / "last.npz" if path.is_dir() else path
 
 
+def run(args, mode, config):
+    """Train, resume, evaluate or predict, as ``mode`` says."""
+    if mode == "predict":
+        model, config = load_trained(args.checkpoint)
+        for name, prob in predict(model, config, args.predict):
+            print(f"{name}: {prob:.4f}")
+    elif mode == "eval":
+        model, config = load_trained(args.eval)
+        config = dataclasses.replace(config, data_dir=args.data_dir or config.data_dir,
+                                     test_subset=args.test_subset or 0)
+        loss, acc, _, _ = evaluate(model, make_batches(config, "test"))
+        print(f"{args.eval}: test accuracy {acc:.4f}, loss {loss:.4f} ({config.dataset})")
+    else:
+        fit(config, resume=resume_path(args.resume) if mode == "resume" else None)
+
+
 def main(argv=None):
     try:
         args, mode = parse_args(argv)
@@ -142,21 +160,12 @@ def main(argv=None):
         print(f"train_mnist.py: error: {error}", file=sys.stderr)
         return 2
     backend.keep_freed_memory()  # this process is ours: reuse freed arrays' pages (tinyvit/backend.py)
-    if mode == "predict":
-        model, config = load_trained(args.checkpoint)
-        for name, prob in predict(model, config, args.predict):
-            print(f"{name}: {prob:.4f}")
-        return 0
-    if mode == "eval":
-        model, config = load_trained(args.eval)
-        config = dataclasses.replace(config, data_dir=args.data_dir or config.data_dir,
-                                     test_subset=args.test_subset or 0)
-        loss, acc, _, _ = evaluate(model, make_batches(config, "test"))
-        print(f"{args.eval}: test accuracy {acc:.4f}, loss {loss:.4f} ({config.dataset})")
-        return 0
     try:
-        fit(config, resume=resume_path(args.resume) if mode == "resume" else None)
-    except KeyboardInterrupt:
+        run(args, mode, config)
+    except (DatasetError, CheckpointError, FileNotFoundError) as error:  # a file it was given, not a bug
+        print(f"train_mnist.py: error: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:  # a training run has saved last.npz by now
         return 130
     return 0
 

@@ -16,7 +16,8 @@ from PIL import Image
 import train_mnist
 from test_data import MNIST_FILES, patch_info, sha256, write_idx
 from tinyvit import backend as B
-from tinyvit.checkpoint import load_checkpoint
+from tinyvit.checkpoint import CheckpointError, load_checkpoint
+from tinyvit.data import DatasetError
 from tinyvit.parallel import auto_workers
 from tinyvit.train import TrainConfig, fit, load_trained, predict
 
@@ -147,6 +148,17 @@ def test_checkpoint_rebuilds_the_model(stripes, tmp_path):
         np.testing.assert_array_equal(value, model_state[key])
 
 
+def test_a_truncated_or_foreign_checkpoint_is_a_checkpoint_error(stripes, tmp_path):
+    fit(tiny_config(stripes, tmp_path / "run", epochs=1))
+    whole = (tmp_path / "run" / "best.npz").read_bytes()
+    (tmp_path / "cut.npz").write_bytes(whole[: len(whole) // 2])  # a copy that stopped halfway
+    with pytest.raises(CheckpointError, match="cut.npz: not a readable .npz checkpoint"):
+        load_checkpoint(tmp_path / "cut.npz")
+    np.savez(tmp_path / "other.npz", weights=np.zeros(3))  # a .npz, but not one tinyvit wrote
+    with pytest.raises(CheckpointError, match="other.npz: not a tinyvit training checkpoint"):
+        load_checkpoint(tmp_path / "other.npz")
+
+
 def draw_stripes(path, label, inverted=False, size=112):
     """A picture as a user might draw it: larger than 28x28, RGB, maybe dark on white."""
     image = stripe_images([label], seed=5)[0]
@@ -208,20 +220,43 @@ def test_cli_rejects_flags_its_mode_would_ignore(tmp_path, capsys, monkeypatch, 
     assert list(tmp_path.iterdir()) == []  # nothing read, nothing written
 
 
-def test_cli_mode_is_decided_once_so_an_empty_resume_resumes(tmp_path, monkeypatch):
+def test_cli_mode_is_decided_once_so_an_empty_resume_resumes(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(FileNotFoundError, match="no such checkpoint file: last.npz"):
-        train_mnist.main(["--resume", ""])
+    assert train_mnist.main(["--resume", ""]) == 1
+    assert capsys.readouterr().err == "train_mnist.py: error: no such checkpoint file: last.npz\n"
     assert list(tmp_path.iterdir()) == []  # no fresh run started in runs/
 
 
-def test_predict_rejects_a_file_that_is_not_an_image(stripes, tmp_path):
+GARBAGE = "garbage.npz: expected a .npz file (a zip archive), got a file that does not start with the zip signature"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--eval", "missing.npz"], "no such checkpoint file: missing.npz"),
+    (["--eval", "garbage.npz"], GARBAGE),
+    (["--predict", "a.png", "--checkpoint", "garbage.npz"],
+     GARBAGE),
+    (["--data-dir", "nowhere", "--out", "run"],
+     "mnist train: the data folder nowhere does not exist"),
+])
+def test_cli_reports_a_bad_file_in_one_line(tmp_path, monkeypatch, capsys, args, message):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "garbage.npz").write_text("not a checkpoint")
+    assert train_mnist.main(args) == 1
+    assert capsys.readouterr().err == f"train_mnist.py: error: {message}\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["garbage.npz"]  # nothing written
+
+
+def test_predict_rejects_a_file_that_is_not_an_image(stripes, tmp_path, capsys):
     fit(tiny_config(stripes, tmp_path / "run", epochs=1))
     model, config = load_trained(tmp_path / "run" / "best.npz")
     not_image = tmp_path / "notes.png"
     not_image.write_text("hello")
-    with pytest.raises(ValueError, match="cannot read image .*notes.png"):
+    with pytest.raises(DatasetError, match="cannot read image .*notes.png"):
         predict(model, config, not_image)
+    best = (tmp_path / "run" / "best.npz").read_bytes()
+    assert train_mnist.main(["--predict", str(not_image), "--checkpoint", str(tmp_path / "run" / "best.npz")]) == 1
+    assert "train_mnist.py: error: cannot read image" in capsys.readouterr().err
+    assert (tmp_path / "run" / "best.npz").read_bytes() == best
 
 
 def test_ctrl_c_in_the_cli_saves_and_exits_130(stripes, tmp_path, monkeypatch):

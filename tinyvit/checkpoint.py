@@ -40,6 +40,13 @@ def atomic_write(path):
         Path(out.name).unlink(missing_ok=True)
 
 
+ZIP_SIGNATURE = b"PK\x03\x04"  # how every .npz file starts: it is a zip archive
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file cannot be read, or is not a tinyvit checkpoint."""
+
+
 def save_npz(path, arrays):
     """Write ``{name: array or str}`` to ``path`` atomically."""
     host = {k: (np.array(v) if isinstance(v, str) else to_host(v)) for k, v in arrays.items()}
@@ -53,11 +60,15 @@ def load_npz(path):
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no such checkpoint file: {path}")
+    with open(path, "rb") as f:
+        if f.read(4) != ZIP_SIGNATURE:
+            raise CheckpointError(f"{path}: expected a .npz file (a zip archive), got a file that does not "
+                                  "start with the zip signature")
     try:
         with np.load(path, allow_pickle=False) as data:
             return {k: (str(data[k]) if data[k].dtype.kind == "U" else data[k]) for k in data.files}
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
-        raise ValueError(f"{path}: not a readable .npz checkpoint ({e})") from e
+        raise CheckpointError(f"{path}: not a readable .npz checkpoint ({e})") from e
 
 
 def save_checkpoint(path, model, optimizer, meta):
@@ -72,7 +83,7 @@ def load_checkpoint(path):
     """Return (model_state, optim_state, meta) from a file written by ``save_checkpoint``."""
     arrays = load_npz(path)
     if "meta" not in arrays:
-        raise ValueError(f"{path}: not a tinyvit training checkpoint (no meta entry)")
+        raise CheckpointError(f"{path}: not a tinyvit training checkpoint (no meta entry)")
     model_state = {k[6:]: v for k, v in arrays.items() if k.startswith("model/")}
     optim_state = {k[6:]: v for k, v in arrays.items() if k.startswith("optim/")}
     return model_state, optim_state, json.loads(arrays["meta"])

@@ -67,7 +67,8 @@ DIGEST_NAMES = {"sha256": "SHA-256", "md5": "MD5"}
 
 
 class DatasetError(ValueError):
-    """A dataset file is missing, corrupted or not what it should be."""
+    """A dataset file (or an image given to classify) is missing, corrupted or
+    not what it should be."""
 
 
 # --------------------------------------------------------------------------- registry

@@ -24,7 +24,7 @@ from . import augment as aug
 from . import plot
 from .backend import get_backend, host_rng, rng as device_rng, set_backend, to_device, to_host
 from .checkpoint import atomic_write, load_checkpoint, save_checkpoint
-from .data import Batches, dataset_info, load_dataset
+from .data import Batches, DatasetError, dataset_info, load_dataset
 from .loss import SoftmaxCrossEntropy, loss_and_gradients
 from .model import PRESETS, ViT
 from .optim import SGD, AdamW, clip_grad_norm, warmup_cosine
@@ -202,9 +202,9 @@ def fit(config, resume=None, stop_after_steps=None):
         model_state, optim_state, meta = load_checkpoint(resume)
         config = TrainConfig(**meta["config"])
     set_backend(config.backend)
-    out = Path(config.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     train_batches, test_batches = make_batches(config, "train"), make_batches(config, "test")
+    out = Path(config.out_dir)  # made once the data is read: a run that cannot start leaves nothing
+    out.mkdir(parents=True, exist_ok=True)
     trainer = Trainer(config)
     state = {"epoch": 0, "step": 0, "global_step": 0, "lr": config.lr, "elapsed": 0.0,
              "running": _new_running(), "history": [], "best_acc": -1.0}
@@ -386,7 +386,7 @@ def load_image(path, config):
             image = ImageOps.exif_transpose(image).convert("L" if channels == 1 else "RGB")
             image = image.resize((width, height), Image.BILINEAR)
     except (FileNotFoundError, UnidentifiedImageError) as e:
-        raise ValueError(f"cannot read image {path}: {e}") from e
+        raise DatasetError(f"cannot read image {path}: {e}") from e
     pixels = np.asarray(image, dtype=np.float32) / 255  # (H, W) or (H, W, C)
     pixels = pixels.reshape(height, width, channels).transpose(2, 0, 1)[None]  # (1, C, H, W)
     if channels == 1:
