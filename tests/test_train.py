@@ -233,10 +233,8 @@ GARBAGE = "garbage.npz: expected a .npz file (a zip archive), got a file that do
 @pytest.mark.parametrize("args, message", [
     (["--eval", "missing.npz"], "no such checkpoint file: missing.npz"),
     (["--eval", "garbage.npz"], GARBAGE),
-    (["--predict", "a.png", "--checkpoint", "garbage.npz"],
-     GARBAGE),
-    (["--data-dir", "nowhere", "--out", "run"],
-     "mnist train: the data folder nowhere does not exist"),
+    (["--predict", "a.png", "--checkpoint", "garbage.npz"], GARBAGE),
+    (["--data-dir", "nowhere", "--out", "run"], "mnist train: the data folder nowhere does not exist"),
 ])
 def test_cli_reports_a_bad_file_in_one_line(tmp_path, monkeypatch, capsys, args, message):
     monkeypatch.chdir(tmp_path)
