@@ -58,6 +58,20 @@ def test_inference_follows_the_weights_and_leaves_idle_workers_out(float64):
         np.testing.assert_allclose(parallel.forward(x[:1]), model.forward(x[:1]), rtol=1e-12)
 
 
+def test_workers_switch_between_training_and_inference_modes(float64):
+    model = ViT(dropout=0.3, **SMALL)  # dropout: training-mode logits differ from inference's
+    criterion = SoftmaxCrossEntropy()
+    x, y = batch(4)
+    targets = criterion.targets(y, 5, x.dtype)
+    with DataParallel(model, 2, max_batch=4) as parallel:
+        _, train_logits = parallel.gradients(x, targets, seed=3)
+        eval_logits = parallel.forward(x)
+        _, train_again = parallel.gradients(x, targets, seed=3)
+    np.testing.assert_allclose(eval_logits, model.eval().forward(x), rtol=1e-12)
+    np.testing.assert_array_equal(train_again, train_logits)  # back in training mode, same masks
+    assert np.abs(train_logits - eval_logits).max() > 1e-3
+
+
 def test_a_batch_larger_than_the_shared_buffers_is_named(float64):
     model = ViT(**SMALL)
     with DataParallel(model, 2, max_batch=4) as parallel:

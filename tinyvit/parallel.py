@@ -197,7 +197,9 @@ def _worker(rank, config, dtype, buffers, pipe):
             weights[...] = shared["weights"]
             x = shared["images"][lo:hi]
             if mode == "eval":
-                shared["logits"][lo:hi] = model.eval().forward(x)
+                if model.training:  # switching walks every module: only when the mode changes
+                    model.eval()
+                shared["logits"][lo:hi] = model.forward(x)
                 pipe.send(("ok", None))
                 continue
             loss, logits = loss_and_gradients(model, criterion, x, shared["targets"][lo:hi],
