@@ -35,7 +35,9 @@ Both sides use the same thread count: torch.set_num_threads(number of OpenBLAS
 threads), and the same allocator settings: this process, like train_mnist.py,
 calls ``backend.keep_freed_memory()`` (glibc keeps freed arrays' pages for reuse).
 
-GFLOP/s counts only the model's matmuls, from the config (``matmul_flops``);
+GFLOP/s counts only the model's matmuls, from the config (``matmul_flops``), each
+framework its own: under class-token pooling tinyvit's last block computes the
+class token's row alone (the other rows never reach the head), PyTorch's every row;
 the fraction is of the float32 matmul peak of a large square matmul in NumPy
 (2048^2, best of 10; CuPy and 8192^2 on GPU), measured before and after the
 configs and the higher kept (another process can take a core for a while);
@@ -203,21 +205,22 @@ def warn_if_busy():
 # ---------------------------------------------------------------------------
 
 
-def matmul_flops(config, batch):
+def matmul_flops(config, batch, last_block_queries=None):
     """Floating-point operations (2 per multiply-add) of the model's matmuls in one
     forward pass of ``batch`` images. With T = (image/P)^2 patches, N = T + 1
     tokens, D embed_dim, M = int(mlp_ratio * D), C channels, P patch, K classes,
-    L depth, B batch:
+    L depth, B batch, and Q query tokens in a block (Q = N, or fewer in a last
+    block that computes only Q tokens' outputs: ``last_block_queries``):
 
         patch embedding   2 B T (C P^2) D
-        per block         2 B N D (3D)        qkv
-                        + 2 B N N D           q k^T     (all heads: H Dh = D)
-                        + 2 B N N D           attn x v
-                        + 2 B N D D           proj
-                        + 2 B N D M + 2 B N M D   fc1, fc2
+        per block         2 B N D (3D)        qkv       (every token: all are keys and values)
+                        + 2 B Q N D           q k^T     (all heads: H Dh = D)
+                        + 2 B Q N D           attn x v
+                        + 2 B Q D D           proj
+                        + 2 B Q D M + 2 B Q M D   fc1, fc2
         head              2 B D K
 
-        forward = patch + L * block + head.
+        forward = patch + L blocks + head.
 
     A training step counts 3 x forward: each matmul's forward plus two in the
     backward (the gradients of both operands). LayerNorm, softmax, GELU, the
@@ -226,10 +229,14 @@ def matmul_flops(config, batch):
     c = config
     T = c.num_patches
     N, D, M = T + 1, c.embed_dim, int(c.embed_dim * c.mlp_ratio)
+
+    def block(Q):
+        return 2 * batch * D * (N * 3 * D + Q * (2 * N + D + 2 * M))
+
     patch = 2 * batch * T * (c.in_channels * c.patch_size**2) * D
-    block = 2 * batch * N * D * (3 * D + 2 * N + D + 2 * M)
+    last = block(N if last_block_queries is None else last_block_queries)
     head = 2 * batch * D * c.num_classes
-    return patch + c.depth * block + head
+    return patch + (c.depth - 1) * block(N) + last + head
 
 
 def best_gflops(matmul, n, sync, repeats):
@@ -616,13 +623,17 @@ def run_config(name, args):
         times = time_interleaved(runners, args.steps, args.rounds, args.warmup)
     finally:
         tv.close()
-    forward = matmul_flops(config, args.batch)
+    # torch computes every token in every block; tinyvit's last block, under class-token
+    # pooling, only the class token's row (the rest never reaches the head)
+    forward = {"tinyvit": matmul_flops(config, args.batch, tv.model.blocks[-1].attn.queries),
+               "torch": matmul_flops(config, args.batch)}
     result = {"config": describe(config), "params": tv.model.num_parameters(), "batch": args.batch,
-              "forward_matmul_flops": forward, "train_matmul_flops": 3 * forward, "check": check}
+              "forward_matmul_flops": forward, "train_matmul_flops": {k: 3 * v for k, v in forward.items()},
+              "check": check}
     for r in runners:
         result[r.name] = {
-            "train": summarize(times[r.name, "train"], 3 * forward, args.batch),
-            "infer": summarize(times[r.name, "infer"], forward, args.batch),
+            "train": summarize(times[r.name, "train"], 3 * forward[r.name], args.batch),
+            "infer": summarize(times[r.name, "infer"], forward[r.name], args.batch),
             "peak_memory": {phase: measure_memory(r.name, name, phase, args) for phase in ("train", "infer")},
         }
     if pt and hasattr(pt, "last_loss"):
@@ -705,8 +716,9 @@ def print_config(name, result):
     for phase in ("train", "infer"):
         rows.append(row(f"{phase} peak memory MB", ("peak_memory", phase, "peak_mb")))
     print(f"\nconfig {name}: {result['config']}, batch {result['batch']}")
-    print(f"  {result['params']:,} parameters; matmul FLOPs per batch: forward "
-          f"{result['forward_matmul_flops'] / 1e9:.2f} G, train step {result['train_matmul_flops'] / 1e9:.2f} G")
+    flops = result["forward_matmul_flops"]
+    print(f"  {result['params']:,} parameters; matmul FLOPs per batch, forward (train step 3x): "
+          f"tinyvit {flops['tinyvit'] / 1e9:.2f} G, PyTorch {flops['torch'] / 1e9:.2f} G")
     print(render(rows, ["", "tinyvit", "PyTorch", "tinyvit/PyTorch"], "lrrr"))
     trained = result.get("loss_after_training")
     if trained:  # the same steps on the same batch from the same weights: a check of backward + AdamW

@@ -20,6 +20,8 @@ def test_benchmark_quick_mode_runs(tmp_path, workers):
     assert result.returncode == 0, result.stdout + result.stderr
     figures = json.loads(out.read_text())
     assert list(figures["configs"]) == ["A"] and figures["settings"]["workers"] == workers
+    flops = figures["configs"]["A"]["forward_matmul_flops"]  # cls pooling: tinyvit's last block, one row
+    assert 0 < flops["tinyvit"] < flops["torch"] == 621_314_048
     train = figures["configs"]["A"]["tinyvit"]["train"]
     assert train["median_ms"] > 0 and train["images_per_s"] > 0
     memory = figures["configs"]["A"]["tinyvit"]["peak_memory"]["train"]

@@ -219,6 +219,21 @@ def test_attention_matches_per_head_loop(backend):
     np.testing.assert_allclose(attn.sum(-1), 1.0)
 
 
+@pytest.mark.parametrize("queries", [1, 3])
+def test_attention_with_fewer_queries_gives_the_first_rows(backend, queries):
+    """queries=Q: the first Q rows of the full output; the gradients pass the check
+    (the other tokens' q rows get none, every token's k and v rows get theirs)."""
+    full = jitter(Attention(8, num_heads=2, rng=B.host_rng(0)))
+    few = jitter(Attention(8, num_heads=2, rng=B.host_rng(0), queries=queries))
+    x = randn(3, 5, 8)
+    y = B.to_host(few.forward(x))
+    assert y.shape == (3, queries, 8)
+    np.testing.assert_allclose(y, B.to_host(full.forward(x))[:, :queries], rtol=1e-13, atol=1e-14)
+    gradient_check(few, x).assert_ok(TOL)
+    few.keep_attn = True  # maps kept for inspection: every row is computed
+    assert few.forward(x).shape == (3, 5, 8)
+
+
 def test_attention_rejects_bad_head_count(backend):
     with pytest.raises(ValueError, match="embed_dim 10 is not divisible by num_heads 3"):
         Attention(10, 3)
@@ -300,6 +315,16 @@ def test_residual_gradients_and_skip(backend):
 def test_block_gradients(backend, shape):
     layer = jitter(Block(shape[-1], num_heads=2, mlp_ratio=2.0, rng=B.host_rng(0)))
     gradient_check(layer, randn(*shape)).assert_ok(TOL)
+
+
+def test_block_with_one_query_gives_the_class_token_row(backend):
+    full = jitter(Block(8, 2, 2.0, rng=B.host_rng(0)))
+    one = jitter(Block(8, 2, 2.0, rng=B.host_rng(0), queries=1))
+    x = randn(2, 5, 8)
+    y = B.to_host(one.forward(x))
+    assert y.shape == (2, 1, 8)
+    np.testing.assert_allclose(y, B.to_host(full.forward(x))[:, :1], rtol=1e-13, atol=1e-14)
+    gradient_check(one, x).assert_ok(TOL)
 
 
 def test_block_gradients_with_dropout(backend):

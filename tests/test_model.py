@@ -181,6 +181,26 @@ def test_whole_model_gradients(backend, pool, batch):
     assert len(report.checks) == 1 + len(model.parameters())
 
 
+def test_cls_pooling_computes_the_last_block_for_the_class_token_only(backend):
+    """The last block computes one row under cls pooling (none is skipped under
+    mean pooling), and the logits and every gradient are those of the full model."""
+    model = jittered(ViT(**TINY))
+    assert [block.attn.queries for block in model.blocks] == [None, 1]
+    assert [block.attn.queries for block in ViT(**TINY, pool="mean").blocks] == [None, None]
+    x, dlogits = images(2, 2, 8, 8), images(2, 3, seed=1)
+
+    def logits_and_gradients():
+        logits = B.to_host(model.forward(x))
+        model.zero_grad()
+        dx = B.to_host(model.backward(dlogits))
+        return [logits, dx] + [B.to_host(p.grad).copy() for p in model.parameters()]
+
+    pruned = logits_and_gradients()
+    model.blocks[-1].attn.queries = None  # every token, as timm computes it
+    for a, b in zip(pruned, logits_and_gradients(), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
+
+
 def test_whole_model_gradients_other_shape(backend):
     """7 tokens (6 patches + cls), 3 heads, non-square patch grid impossible, so
     image 12 with patch 4 (9 patches, 10 tokens), odd embed_dim per head."""

@@ -615,10 +615,17 @@ class Attention(Module):
     single batched matmuls over (B, H). With ``keep_attn`` set, ``self.attn`` keeps
     the attention weights of the last forward (before dropout) for inspection;
     off by default, as in inference they would outlive the forward (L * B*H*N^2 values).
+
+    ``queries = Q`` computes the output of the first Q tokens only, (B, N, D) ->
+    (B, Q, D): those tokens still attend to all N keys and values, but the other
+    rows of q, of the attention weights and of the output are never formed. The
+    ViT's last block under class-token pooling uses Q = 1 (only the class token's
+    output reaches the head). Keeping the maps for inspection computes all rows.
     """
 
-    def __init__(self, dim, num_heads, qkv_bias=True, attn_dropout=0.0, proj_dropout=0.0, rng=None, dtype=None):
-        """``rng``: host generator for the initial weights."""
+    def __init__(self, dim, num_heads, qkv_bias=True, attn_dropout=0.0, proj_dropout=0.0, rng=None, dtype=None,
+                 queries=None):
+        """``rng``: host generator for the initial weights; ``queries``: see above (None: all tokens)."""
         super().__init__()
         if dim % num_heads:
             raise ValueError(f"Attention: embed_dim {dim} is not divisible by num_heads {num_heads}")
@@ -629,23 +636,25 @@ class Attention(Module):
         self.proj = Linear(dim, dim, rng=rng, dtype=dtype)
         self.proj_drop = Dropout(proj_dropout)
         self.keep_attn, self.attn = False, None
+        self.queries = queries
 
     def forward(self, x):
         B, N, D = x.shape
         H, Dh = self.num_heads, self.head_dim
+        Q = N if self.queries is None or self.keep_attn else min(self.queries, N)
         qkv = self.qkv.forward(x)  # (B, N, 3D)
         q, k, v = qkv.reshape(B, N, 3, H, Dh).transpose(2, 0, 3, 1, 4)  # each (B, H, N, Dh)
-        q = q * self.scale  # scaling q (N*Dh values) is cheaper than the scores (N*N)
+        q = q[:, :, :Q] * self.scale  # (B, H, Q, Dh); scaling q (Q*Dh values) is cheaper than the scores (Q*N)
         # k^T copied into its own memory, freed right after the matmul: k is a strided
         # view into qkv, and the batched matmul by a contiguous k^T ran 1.1-1.3x
         # faster, copy included
-        attn = softmax(q @ xp.ascontiguousarray(k.transpose(0, 1, 3, 2)))  # (B, H, N, N)
+        attn = softmax(q @ xp.ascontiguousarray(k.transpose(0, 1, 3, 2)))  # (B, H, Q, N)
         self.attn = attn if self.keep_attn else None
         attn_d = self.attn_drop.forward(attn)
-        ctx = attn_d @ v  # (B, H, N, Dh)
+        ctx = attn_d @ v  # (B, H, Q, Dh)
         self.cache = (q, k, v, attn, attn_d) if self.training else None
         del qkv, q, k, v, attn, attn_d  # in eval nothing else holds them: freed here, not at return
-        ctx = ctx.transpose(0, 2, 1, 3).reshape(B, N, D)  # (B, N, H*Dh)
+        ctx = ctx.transpose(0, 2, 1, 3).reshape(B, Q, D)  # (B, Q, H*Dh)
         return self.proj_drop.forward(self.proj.forward(ctx))
 
     def backward(self, dout):
@@ -656,20 +665,23 @@ class Attention(Module):
             softmax, row by row: dA/dS = diag(A) - A A^T, applied without forming it:
                 dS = A * (dA - sum_j dA_j A_j)                   (one row reduction)
             dqs = dS k,  dq = dqs / sqrt(Dh),  dk = dS^T qs
-        and dq, dk, dv are stacked back into the fused qkv layout.
+        and dq, dk, dv are stacked back into the fused qkv layout. With Q < N
+        queries, q has Q rows: the rows of dq past Q are 0 (those q rows were
+        never used), while dk and dv still get every token's row.
         """
         q, k, v, attn, attn_d = self._take_cache()
-        B, H, N, Dh = q.shape
-        dctx = self.proj.backward(self.proj_drop.backward(dout))  # (B, N, D)
-        dctx = dctx.reshape(B, N, H, Dh).transpose(0, 2, 1, 3)  # (B, H, N, Dh)
+        B, H, Q, Dh = q.shape
+        N = k.shape[2]
+        dctx = self.proj.backward(self.proj_drop.backward(dout))  # (B, Q, D)
+        dctx = dctx.reshape(B, Q, H, Dh).transpose(0, 2, 1, 3)  # (B, H, Q, Dh)
         dqkv = xp.empty((3, B, H, N, Dh), dtype=dout.dtype)
-        dattn = dctx @ v.transpose(0, 1, 3, 2)  # (B, H, N, N)
+        dattn = dctx @ v.transpose(0, 1, 3, 2)  # (B, H, Q, N)
         xp.matmul(attn_d.transpose(0, 1, 3, 2), dctx, out=dqkv[2])  # dv
         dscores = self.attn_drop.backward(dattn)
         dscores -= row_sum(dscores, attn)
         dscores *= attn
-        xp.matmul(dscores, k, out=dqkv[0])
-        dqkv[0] *= self.scale  # dq
+        xp.multiply(dscores @ k, self.scale, out=dqkv[0, :, :, :Q])  # dq
+        dqkv[0, :, :, Q:] = 0
         xp.matmul(dscores.transpose(0, 1, 3, 2), q, out=dqkv[1])  # dk
         dqkv = dqkv.transpose(1, 3, 0, 2, 4).reshape(B, N, 3 * H * Dh)  # (B, N, 3D)
         return self.qkv.backward(dqkv)
@@ -711,39 +723,50 @@ class MLP(Sequential):
 
 
 class Residual(Module):
-    """y = x + f(x) for a branch f of layers."""
+    """y = x + f(x) for a branch f of layers, over (B, N, D) tokens. A branch that
+    keeps only the first Q tokens (an Attention with ``queries``) gives
+    y = x[:, :Q] + f(x), of shape (B, Q, D)."""
 
     def __init__(self, *branch):
         super().__init__()
         self.branch = Sequential(*branch)
 
     def forward(self, x):
+        out = self.branch.forward(x)  # (B, Q, D), Q = N unless the branch keeps fewer tokens
         self.cache = True
-        return x + self.branch.forward(x)
+        return x[:, : out.shape[1]] + out
 
     def backward(self, dout):
         """dy/dx = I + df/dx, so dx = dout + f's backward of dout: the gradient
-        flows through the skip connection unchanged and adds to the branch's."""
+        flows through the skip connection unchanged and adds to the branch's.
+        With Q < N tokens kept, the skip carries dout to the first Q rows only."""
         self._take_cache()
-        return dout + self.branch.backward(dout)
+        dx = self.branch.backward(dout)  # (B, N, D)
+        if dx.shape == dout.shape:
+            return dout + dx
+        dx[:, : dout.shape[1]] += dout  # dx is the branch's new array, larger than dout
+        return dx
 
 
 class Block(Module):
     """Pre-norm Transformer encoder block (ViT, eqs. 2-3):
         x = x + Attention(LayerNorm(x));  x = x + MLP(LayerNorm(x)).
+    With ``queries = Q`` (see Attention) the block outputs the first Q tokens
+    only: (B, N, D) -> (B, Q, D), and its MLP runs on those Q tokens.
     """
 
-    def __init__(self, dim, num_heads, mlp_ratio=4.0, qkv_bias=True, dropout=0.0, attn_dropout=0.0, rng=None, dtype=None):
+    def __init__(self, dim, num_heads, mlp_ratio=4.0, qkv_bias=True, dropout=0.0, attn_dropout=0.0, rng=None, dtype=None,
+                 queries=None):
         super().__init__()
         self.norm1 = LayerNorm(dim, dtype=dtype)
-        self.attn = Attention(dim, num_heads, qkv_bias, attn_dropout, dropout, rng=rng, dtype=dtype)
+        self.attn = Attention(dim, num_heads, qkv_bias, attn_dropout, dropout, rng=rng, dtype=dtype, queries=queries)
         self.norm2 = LayerNorm(dim, dtype=dtype)
         self.mlp = MLP(dim, int(dim * mlp_ratio), dropout, rng=rng, dtype=dtype)
         self.residuals = [Residual(self.norm1, self.attn), Residual(self.norm2, self.mlp)]
 
     def forward(self, x):
         for residual in self.residuals:
-            x = residual.forward(x)  # (B, N, D)
+            x = residual.forward(x)  # (B, N, D), or (B, Q, D) after the attention with queries = Q
         return x
 
     def backward(self, dout):

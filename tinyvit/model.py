@@ -3,7 +3,8 @@
     images (B, C, H, W)
       -> patch_embed                       (B, N-1, D)   N-1 = (H/P)(W/P) patches
       -> [cls_token; patches] + pos_embed  (B, N, D)
-      -> dropout, depth x Block            (B, N, D)
+      -> dropout, depth x Block            (B, N, D)   cls pooling: the last block
+                                                         computes the class token alone, (B, 1, D)
       -> pool: class token or mean         (B, D)
       -> norm (LayerNorm), head (Linear)   (B, K)
 
@@ -104,10 +105,13 @@ class ViT(Module):
         self.cls_token = Parameter(trunc_normal(init, (1, 1, D), std=1e-6, dtype=dtype))
         self.pos_embed = Parameter(trunc_normal(init, (1, N, D), dtype=dtype))
         self.pos_drop = Dropout(config.dropout)
+        # under class-token pooling only the class token's output of the last block
+        # reaches the head: that block computes its row alone (queries=1)
         self.blocks = [
             Block(D, config.num_heads, config.mlp_ratio, config.qkv_bias, config.dropout,
-                  config.attn_dropout, rng=init, dtype=dtype)
-            for _ in range(config.depth)
+                  config.attn_dropout, rng=init, dtype=dtype,
+                  queries=1 if config.pool == "cls" and i == config.depth - 1 else None)
+            for i in range(config.depth)
         ]
         self.norm = LayerNorm(D, dtype=dtype)
         self.head = Linear(D, config.num_classes, rng=init, dtype=dtype)
@@ -157,7 +161,7 @@ class ViT(Module):
         x += self.pos_embed.data
         x = self.pos_drop.forward(x)
         for block in self.blocks:
-            x = block.forward(x)
+            x = block.forward(x)  # (B, N, D); the last block under cls pooling: (B, 1, D)
         self.cache = x.shape
         if self.config.pool == "cls":
             pooled = x[:, 0]  # (B, D)
