@@ -41,7 +41,11 @@ def test_summary_of_vit_b16(capsys):
     text = model.summary()
     assert capsys.readouterr().out.strip() == text.strip()
     assert "Total params: 86,567,656" in text
-    assert "blocks.11.mlp.fc1 (Linear)" in text and "[B, 197, 3072]" in text
+    lines = {line.split("  ")[0]: line for line in text.splitlines()}
+    assert "[B, 197, 3072]" in lines["blocks.10.mlp.fc1 (Linear)"]
+    # cls pooling: the last block computes the class token's row alone
+    assert "[B, 12, 1, 197]" in lines["blocks.11.attn.softmax (12 heads)"]
+    assert "[B, 1, 3072]" in lines["blocks.11.mlp.fc1 (Linear)"]
     assert "patch_embed.proj (Conv2d as Linear)  [B, 196, 768]" in text
     assert "head (Linear)" in text and "[B, 1000]" in text and "769,000" in text
 

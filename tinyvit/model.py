@@ -291,15 +291,16 @@ class ViT(Module):
         rows.append(("cls_token + pos_embed", (N, D), (self.cls_token, self.pos_embed)))
         for i, block in enumerate(self.blocks):
             p = f"blocks.{i}"
+            Q = N if block.attn.queries is None else block.attn.queries  # rows the block computes
             rows += [
                 (f"{p}.norm1 (LayerNorm)", (N, D), block.norm1),
                 (f"{p}.attn.qkv (Linear)", (N, 3 * D), block.attn.qkv),
-                (f"{p}.attn.softmax ({c.num_heads} heads)", (c.num_heads, N, N), None),
-                (f"{p}.attn.proj (Linear)", (N, D), block.attn.proj),
-                (f"{p}.norm2 (LayerNorm)", (N, D), block.norm2),
-                (f"{p}.mlp.fc1 (Linear)", (N, hidden), block.mlp.fc1),
-                (f"{p}.mlp.act (GELU)", (N, hidden), None),
-                (f"{p}.mlp.fc2 (Linear)", (N, D), block.mlp.fc2),
+                (f"{p}.attn.softmax ({c.num_heads} heads)", (c.num_heads, Q, N), None),
+                (f"{p}.attn.proj (Linear)", (Q, D), block.attn.proj),
+                (f"{p}.norm2 (LayerNorm)", (Q, D), block.norm2),
+                (f"{p}.mlp.fc1 (Linear)", (Q, hidden), block.mlp.fc1),
+                (f"{p}.mlp.act (GELU)", (Q, hidden), None),
+                (f"{p}.mlp.fc2 (Linear)", (Q, D), block.mlp.fc2),
             ]
         norm_name = "fc_norm" if c.pool == "mean" else "norm"
         rows.append((f"pool ({c.pool})", (D,), None))
