@@ -638,10 +638,15 @@ class Attention(Module):
         self.keep_attn, self.attn = False, None
         self.queries = queries
 
+    def query_rows(self, N):
+        """How many of N tokens the forward computes outputs for: ``queries``, or
+        all N when it is None or the maps are kept for inspection."""
+        return N if self.queries is None or self.keep_attn else min(self.queries, N)
+
     def forward(self, x):
         B, N, D = x.shape
         H, Dh = self.num_heads, self.head_dim
-        Q = N if self.queries is None or self.keep_attn else min(self.queries, N)
+        Q = self.query_rows(N)
         qkv = self.qkv.forward(x)  # (B, N, 3D)
         q, k, v = qkv.reshape(B, N, 3, H, Dh).transpose(2, 0, 3, 1, 4)  # each (B, H, N, Dh)
         q = q[:, :, :Q] * self.scale  # (B, H, Q, Dh); scaling q (Q*Dh values) is cheaper than the scores (Q*N)

@@ -291,7 +291,7 @@ class ViT(Module):
         rows.append(("cls_token + pos_embed", (N, D), (self.cls_token, self.pos_embed)))
         for i, block in enumerate(self.blocks):
             p = f"blocks.{i}"
-            Q = N if block.attn.queries is None else block.attn.queries  # rows the block computes
+            Q = block.attn.query_rows(N)  # rows the block computes after its attention
             rows += [
                 (f"{p}.norm1 (LayerNorm)", (N, D), block.norm1),
                 (f"{p}.attn.qkv (Linear)", (N, 3 * D), block.attn.qkv),
