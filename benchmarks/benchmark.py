@@ -27,6 +27,14 @@ mode) must agree to 1e-4 of their scale and the losses to 1e-5, or the script
 aborts. Timing then runs in this process, interleaved: each round times
 ``--steps`` train steps of tinyvit, then of torch, then inference of each, so
 both see the same machine state; medians (and min/max) are over all rounds.
+Each turn (one framework's steps of one phase in one round) starts with
+``--warmup`` untimed steps. The first step after the other framework's turn
+pays for that turn: on config A with two workers, tinyvit's first training step
+took 34 ms after 0.3 s of PyTorch training, 28 ms after 0.3 s of sleep and 25 ms
+with nothing in between (PyTorch's threads spin on after its last operation, and
+the workers wake from sleep with cold caches), and PyTorch's first step was
+3-14% slower than its next ones. A training loop runs its steps back to back,
+so neither framework's step includes that.
 Each step is timed alone (``perf_counter``; on GPU between synchronizations).
 Both models train on the same batch from the same weights for the same number
 of steps, so their final losses are printed side by side: a check that the
@@ -433,14 +441,15 @@ def timed_phase(runner, phase, n):
 
 def time_interleaved(runners, steps, rounds, warmup):
     """{(framework, phase): [ms, ...]}: each round runs every runner's train steps,
-    then every runner's inference, so the frameworks alternate throughout."""
+    then every runner's inference, so the frameworks alternate throughout. Every
+    turn starts with ``warmup`` untimed steps: the first steps after the other
+    framework's turn run slow (its threads may still spin, and the caches hold its
+    data), which is a cost of interleaving, not of either framework's step."""
     times = {(r.name, phase): [] for r in runners for phase in ("train", "infer")}
-    for phase in ("train", "infer"):
-        for r in runners:
-            timed_phase(r, phase, warmup)
     for _ in range(rounds):
         for phase in ("train", "infer"):
             for r in runners:
+                timed_phase(r, phase, warmup)
                 times[r.name, phase] += timed_phase(r, phase, steps)
     return times
 
@@ -637,7 +646,7 @@ def run_config(name, args):
             "peak_memory": {phase: measure_memory(r.name, name, phase, args) for phase in ("train", "infer")},
         }
     if pt and hasattr(pt, "last_loss"):
-        result["loss_after_training"] = {"steps": args.warmup + args.rounds * args.steps,
+        result["loss_after_training"] = {"steps": args.rounds * (args.warmup + args.steps),
                                          "tinyvit": float(backend.to_host(tv.last_loss)),
                                          "torch": pt.last_loss.item()}
     return result
@@ -778,7 +787,7 @@ def parse_args(argv=None):
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--steps", type=int, default=5, help="timed steps per round")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
-    p.add_argument("--warmup", type=int, default=2, help="untimed steps per framework and phase")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps at the start of every turn")
     p.add_argument("--memory-steps", type=int, default=3, help="steps per memory subprocess")
     p.add_argument("--quick", action="store_true", help="config A, few steps: a smoke test for CI")
     p.add_argument("--gpu", action="store_true", help="tinyvit on CuPy against torch on CUDA")
@@ -811,7 +820,7 @@ def main(argv=None):
     n, peaks_before = matmul_peaks(args.gpu, repeats)
     print(f"float32 matmul peak ({n}x{n}, best of {repeats}): "
           + ", ".join(f"{k} {v:.0f} GFLOP/s" for k, v in peaks_before.items()) + " (measured again at the end)")
-    print(f"timing: {args.rounds} interleaved round(s) of {args.steps} step(s) after {args.warmup} warm-up; "
+    print(f"timing: {args.rounds} interleaved round(s); each turn {args.warmup} untimed step(s), then {args.steps} timed; "
           f"memory: fresh subprocess per framework, config and phase, {args.memory_steps} step(s)")
     if args.workers > 1:
         print(f"tinyvit runs {args.workers} worker processes of one BLAS thread each (tinyvit.parallel); "

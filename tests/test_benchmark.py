@@ -1,6 +1,8 @@
 """The benchmark script runs (its quick mode, as CI may run it): it is a script,
-not a timed test, so only its output's shape is checked, never its figures."""
+not a timed test, so only its output's shape is checked, never its figures; and
+its interleaving leaves each turn's first steps untimed."""
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -9,6 +11,57 @@ from pathlib import Path
 import pytest
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "benchmark.py"
+
+
+def load_benchmark():
+    spec = importlib.util.spec_from_file_location("benchmark", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class FakeRunner:
+    """A runner whose step takes 1 ms on a fake clock, or 1 s when the step before
+    it was another runner's or another phase's (the cost of switching)."""
+
+    clock, last = [0.0], [None]
+
+    def __init__(self, name):
+        self.name, self.phase = name, None
+        self.steps = []
+
+    def set_training(self, mode):
+        self.phase = "train" if mode else "infer"
+
+    def _step(self):
+        switched = FakeRunner.last[0] not in (None, (self.name, self.phase))
+        FakeRunner.clock[0] += 1.0 if switched else 1e-3
+        FakeRunner.last[0] = (self.name, self.phase)
+        self.steps.append(self.phase)
+
+    train_step = infer = _step
+
+    def sync(self):
+        pass
+
+
+@pytest.mark.parametrize("warmup, slow_steps", [(0, 7), (1, 0), (2, 0)])
+def test_every_turn_starts_with_untimed_steps(monkeypatch, warmup, slow_steps):
+    """2 rounds of 3 timed steps: every turn (framework x phase x round) begins with
+    ``warmup`` untimed steps, which take the switching cost; with none, the first
+    timed step of every turn but the very first pays it (7 of 8 turns)."""
+    bench = load_benchmark()
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: FakeRunner.clock[0])
+    FakeRunner.last[0] = None
+    runners = [FakeRunner("tinyvit"), FakeRunner("torch")]
+    times = bench.time_interleaved(runners, steps=3, rounds=2, warmup=warmup)
+    assert sorted(times) == sorted((n, p) for n in ("tinyvit", "torch") for p in ("train", "infer"))
+    assert all(len(ms) == 6 for ms in times.values())
+    timed = [t for ms in times.values() for t in ms]
+    assert sum(t == pytest.approx(1000.0) for t in timed) == slow_steps
+    assert sum(t == pytest.approx(1.0) for t in timed) == len(timed) - slow_steps
+    for r in runners:  # per round: warmup + 3 training steps, then warmup + 3 inferences
+        assert r.steps == (["train"] * (warmup + 3) + ["infer"] * (warmup + 3)) * 2
 
 
 @pytest.mark.slow
