@@ -13,30 +13,37 @@ import pytest
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "benchmark.py"
 
 
-def load_benchmark():
+@pytest.fixture(scope="module")
+def bench():
     spec = importlib.util.spec_from_file_location("benchmark", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
+class FakeClock:
+    """Seconds that only the fake runners' steps advance; ``last`` is the
+    (framework, phase) of the step before."""
+
+    def __init__(self):
+        self.now, self.last = 0.0, None
+
+
 class FakeRunner:
-    """A runner whose step takes 1 ms on a fake clock, or 1 s when the step before
-    it was another runner's or another phase's (the cost of switching)."""
+    """A runner whose step takes 1 ms, or 1 s when the step before it was another
+    runner's or another phase's (the cost of switching)."""
 
-    clock, last = [0.0], [None]
-
-    def __init__(self, name):
-        self.name, self.phase = name, None
-        self.steps = []
+    def __init__(self, name, clock):
+        self.name, self.clock = name, clock
+        self.phase, self.steps = None, []
 
     def set_training(self, mode):
         self.phase = "train" if mode else "infer"
 
     def _step(self):
-        switched = FakeRunner.last[0] not in (None, (self.name, self.phase))
-        FakeRunner.clock[0] += 1.0 if switched else 1e-3
-        FakeRunner.last[0] = (self.name, self.phase)
+        key = (self.name, self.phase)
+        self.clock.now += 1e-3 if self.clock.last in (None, key) else 1.0
+        self.clock.last = key
         self.steps.append(self.phase)
 
     train_step = infer = _step
@@ -46,14 +53,13 @@ class FakeRunner:
 
 
 @pytest.mark.parametrize("warmup, slow_steps", [(0, 7), (1, 0), (2, 0)])
-def test_every_turn_starts_with_untimed_steps(monkeypatch, warmup, slow_steps):
+def test_every_turn_starts_with_untimed_steps(bench, monkeypatch, warmup, slow_steps):
     """2 rounds of 3 timed steps: every turn (framework x phase x round) begins with
     ``warmup`` untimed steps, which take the switching cost; with none, the first
     timed step of every turn but the very first pays it (7 of 8 turns)."""
-    bench = load_benchmark()
-    monkeypatch.setattr(bench.time, "perf_counter", lambda: FakeRunner.clock[0])
-    FakeRunner.last[0] = None
-    runners = [FakeRunner("tinyvit"), FakeRunner("torch")]
+    clock = FakeClock()
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: clock.now)
+    runners = [FakeRunner("tinyvit", clock), FakeRunner("torch", clock)]
     times = bench.time_interleaved(runners, steps=3, rounds=2, warmup=warmup)
     assert sorted(times) == sorted((n, p) for n in ("tinyvit", "torch") for p in ("train", "infer"))
     assert all(len(ms) == 6 for ms in times.values())
