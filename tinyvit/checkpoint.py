@@ -64,11 +64,13 @@ def load_npz(path):
         if f.read(4) != ZIP_SIGNATURE:
             raise CheckpointError(f"{path}: expected a .npz file (a zip archive), got a file that does not "
                                   "start with the zip signature")
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            return {k: (str(data[k]) if data[k].dtype.kind == "U" else data[k]) for k in data.files}
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
-        raise CheckpointError(f"{path}: not a readable .npz checkpoint ({e})") from e
+        f.seek(0)
+        try:
+            with np.load(f, allow_pickle=False) as data:
+                arrays = {k: data[k] for k in data.files}  # each data[k] reads the entry again: once only
+        except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
+            raise CheckpointError(f"{path}: not a readable .npz checkpoint ({e})") from e
+    return {k: (str(a) if a.dtype.kind == "U" else a) for k, a in arrays.items()}
 
 
 def save_checkpoint(path, model, optimizer, meta):
