@@ -67,7 +67,7 @@ def load_npz(path):
         f.seek(0)
         try:
             with np.load(f, allow_pickle=False) as data:
-                arrays = {k: data[k] for k in data.files}  # each data[k] reads the entry again: once only
+                arrays = {k: data[k] for k in data.files}  # data[k] reads the entry at every access: once each
         except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
             raise CheckpointError(f"{path}: not a readable .npz checkpoint ({e})") from e
     return {k: (str(a) if a.dtype.kind == "U" else a) for k, a in arrays.items()}
