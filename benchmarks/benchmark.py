@@ -8,7 +8,8 @@ user's machine does not set them; see ../shared/notes/performance.md):
 
     --configs A,B,C  --batch 128  --steps 5  --rounds 3  --warmup 2  --memory-steps 3
     --quick          config A, a few steps (a CI smoke test, well under 60 s)
-    --gpu            tinyvit on CuPy against torch on "cuda"
+    --gpu            tinyvit on CuPy against torch on "cuda", both in plain float32
+                     (PyTorch's TF32 off; tinyvit's unless CUPY_TF32=1 is set)
     --workers 2      tinyvit's step and inference split over 2 worker processes, one BLAS
                      thread each (tinyvit.parallel, as train_mnist.py trains on a CPU)
     --json FILE      the same figures as JSON
@@ -777,6 +778,9 @@ def setup_backends(gpu):
         if torch and not torch.cuda.is_available():
             sys.exit(f"--gpu: PyTorch {torch.__version__} sees no CUDA device (a CPU-only build?); "
                      "install a CUDA build of torch, or drop --gpu")
+        if torch:  # plain float32 as tinyvit computes it: cuDNN's convolutions default to TF32
+            torch.backends.cudnn.allow_tf32 = False
+            torch.backends.cuda.matmul.allow_tf32 = False
     elif torch:
         torch.set_num_threads(blas_threads())
 

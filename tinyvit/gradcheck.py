@@ -126,7 +126,7 @@ def _check_tensor(name, value, analytic, loss, h):
     numeric = numeric_gradient(loss, value, h)
     diff = xp.abs(analytic - numeric)
     scale = float(xp.maximum(xp.abs(analytic), xp.abs(numeric)).max())
-    worst = int(diff.argmax())
+    worst = diff.argmax()  # flat index, a 0-d array (CuPy's unravel_index takes no Python int)
     where = tuple(int(i) for i in xp.unravel_index(worst, value.shape))
     rel_err = float(diff.max()) / scale if scale > 0 else 0.0
     return TensorCheck(
