@@ -7,6 +7,7 @@ tiny ViT learns it in a few steps. One smoke test uses the real MNIST files when
 """
 
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,7 @@ from test_data import MNIST_FILES, patch_info, sha256, write_idx
 from tinyvit import backend as B
 from tinyvit.checkpoint import CheckpointError, load_checkpoint
 from tinyvit.data import DatasetError
+from tinyvit.model import ViT
 from tinyvit.parallel import auto_workers
 from tinyvit.train import TrainConfig, fit, load_trained, predict
 
@@ -242,6 +244,30 @@ def test_cli_reports_a_bad_file_in_one_line(tmp_path, monkeypatch, capsys, args,
     assert train_mnist.main(args) == 1
     assert capsys.readouterr().err == f"train_mnist.py: error: {message}\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["garbage.npz"]  # nothing written
+
+
+def test_cifar10_gpu_recipe_is_the_one_measured():
+    args, _ = train_mnist.parse_args(["--recipe", "cifar10-gpu"])
+    c = train_mnist.make_config(args)
+    assert (c.dataset, c.backend, c.workers, c.epochs, c.batch_size, c.lr, c.warmup_epochs) == (
+        "cifar10", "cupy", 1, 125, 256, 1e-3, 5)
+    assert (c.max_shift, c.flip, c.erasing, c.mixup, c.cutmix, c.label_smoothing) == (4, True, 0.25, 0.8, 1.0, 0.1)
+    assert (c.out_dir, c.eval_every) == ("runs/cifar10-gpu", 10)
+    model = ViT(c.model_config())  # on the test's backend: the config only names CuPy
+    assert (model.config.embed_dim, model.config.depth, model.config.num_heads, model.config.pool) == (
+        256, 7, 4, "mean")
+    assert model.num_parameters() == 3_722_250
+
+
+@pytest.mark.parametrize("args", [["--backend", "cupy"], ["--recipe", "cifar10-gpu"]])
+def test_cli_reports_a_missing_cupy_in_one_line(tmp_path, monkeypatch, capsys, args):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(sys.modules, "cupy", None)  # `import cupy` raises ImportError, GPU or not
+    assert train_mnist.main(args + ["--data-dir", "nowhere"]) == 1
+    assert capsys.readouterr().err == (
+        "train_mnist.py: error: backend 'cupy' needs CuPy: install it with `pip install tinyvit[gpu]` "
+        "(or the cupy-cudaXXx wheel matching your CUDA)\n")
+    assert list(tmp_path.iterdir()) == []  # nothing written
 
 
 def test_predict_rejects_a_file_that_is_not_an_image(stripes, tmp_path, capsys):

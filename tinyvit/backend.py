@@ -36,20 +36,24 @@ class _ArrayModule:
 xp = _ArrayModule()
 
 
+class BackendError(RuntimeError):
+    """The backend asked for cannot run here: CuPy is missing, or CUDA sees no GPU."""
+
+
 def _import_cupy():
     try:
         import cupy
     except ImportError as e:
-        raise RuntimeError(
+        raise BackendError(
             "backend 'cupy' needs CuPy: install it with `pip install tinyvit[gpu]` "
             "(or the cupy-cudaXXx wheel matching your CUDA)"
         ) from e
     try:
         count = cupy.cuda.runtime.getDeviceCount()
     except Exception as e:  # CUDA driver missing or broken
-        raise RuntimeError(f"backend 'cupy' needs a CUDA GPU, but CUDA says: {e}") from e
+        raise BackendError(f"backend 'cupy' needs a CUDA GPU, but CUDA says: {e}") from e
     if count == 0:
-        raise RuntimeError("backend 'cupy' needs a CUDA GPU, but none was found")
+        raise BackendError("backend 'cupy' needs a CUDA GPU, but none was found")
     return cupy
 
 
@@ -75,7 +79,7 @@ def cupy_available():
     """True when CuPy imports and sees at least one GPU."""
     try:
         _import_cupy()
-    except RuntimeError:
+    except BackendError:
         return False
     return True
 
