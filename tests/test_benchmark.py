@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "benchmark.py"
+PROFILE = SCRIPT.with_name("layer_profile.py")
 
 
 @pytest.fixture(scope="module")
@@ -88,3 +89,18 @@ def test_benchmark_quick_mode_runs(tmp_path, workers):
     if Path("/proc/self/status").exists():  # with workers, the parent's and theirs
         assert ("summed over 3 processes" in memory["method"]) == (workers == 2)
     assert "summary" in result.stdout.lower()
+
+
+def test_profile_charges_every_part_of_the_step():
+    """The layer profile runs on a recipe's step and lists exclusive times that, with
+    'everything else', cover the timed step (so no part is counted twice)."""
+    out = subprocess.run([sys.executable, str(PROFILE), "--recipe", "cifar10", "--batch", "8",
+                          "--images", "32", "--epochs", "1"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "recipe cifar10: 811,146 parameters, batch 8, backend numpy"
+    step = float(lines[2].split("timers: ")[1].split(" ms")[0])
+    parts = {line[:32].strip(): float(line[32:]) for line in lines[3:]}
+    assert {"Linear.backward", "Attention.forward", "GELU.forward", "LayerNorm.backward", "AdamW.step",
+            "augment.random_crop", "augment.horizontal_flip", "everything else"} <= set(parts)
+    assert sum(parts.values()) == pytest.approx(step, abs=0.02 * len(parts))  # printed to 0.01 ms

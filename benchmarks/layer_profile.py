@@ -1,0 +1,134 @@
+"""Where a training step's time goes: exclusive milliseconds per layer method and trainer part.
+
+    python benchmarks/layer_profile.py                               # cifar10-gpu's model, batch 256
+    CUPY_TF32=1 python benchmarks/layer_profile.py --gpu             # the same on CuPy
+    python benchmarks/layer_profile.py --recipe cifar10 --batch 128  # another train_mnist.py recipe
+
+The step is the trainer's own (``Trainer.step`` on batches from ``Batches`` with the
+recipe's augmentation and mixing), on random uint8 images, in one process. Every
+forward and backward of the layer classes, the loss, the optimizer step and each
+augmentation is wrapped with a timer; a call is charged its time minus that of the
+wrapped calls inside it (exclusive time), so the parts add up to the whole step.
+On a GPU each wrapped call starts and ends with a synchronization, so that its
+kernels are charged to it; that keeps the GPU from running ahead of Python, and
+the parts then add up to more than an unwrapped step, which is timed first and
+printed too.
+"""
+
+import argparse
+import collections
+import dataclasses
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # train_mnist.py's RECIPES
+
+import train_mnist  # noqa: E402
+from tinyvit import augment, backend, layers, loss, model  # noqa: E402
+from tinyvit.data import Batches, dataset_info  # noqa: E402
+from tinyvit.train import Trainer  # noqa: E402
+
+LAYERS = (layers.Patchify, layers.Linear, layers.LayerNorm, layers.GELU, layers.Attention,
+          layers.Residual, layers.Dropout, layers.Sequential, layers.Block, model.ViT,
+          loss.SoftmaxCrossEntropy)
+AUGMENTATIONS = ("random_crop", "horizontal_flip", "random_erasing", "mixup", "cutmix")
+
+
+class Profile:
+    """Exclusive seconds per label, from wrapped functions that may call each other."""
+
+    def __init__(self, sync):
+        self.sync, self.seconds, self.open = sync, collections.Counter(), []
+
+    def wrap(self, owner, name, label):
+        function = getattr(owner, name)
+
+        def timed(*args, **kwargs):
+            self.sync()
+            start = time.perf_counter()
+            self.open.append(0.0)  # time of the wrapped calls inside this one
+            result = function(*args, **kwargs)
+            self.sync()
+            spent = time.perf_counter() - start
+            self.seconds[label] += spent - self.open.pop()
+            if self.open:
+                self.open[-1] += spent
+            return result
+
+        setattr(owner, name, timed)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--recipe", default="cifar10-gpu", choices=sorted(train_mnist.RECIPES))
+    p.add_argument("--batch", type=int, help="batch size (default: the recipe's)")
+    p.add_argument("--images", type=int, default=4096, help="random images per epoch")
+    p.add_argument("--epochs", type=int, default=3, help="timed epochs, after one untimed")
+    p.add_argument("--gpu", action="store_true", help="CuPy (else NumPy, in one process)")
+    return p.parse_args(argv)
+
+
+def make_trainer(args):
+    """The recipe's Trainer, on the backend asked for."""
+    recipe = train_mnist.make_config(train_mnist.parse_args(["--recipe", args.recipe])[0])
+    config = dataclasses.replace(recipe, backend="cupy" if args.gpu else "numpy",
+                                 batch_size=args.batch or recipe.batch_size)
+    backend.set_backend(config.backend)
+    return Trainer(config)
+
+
+def make_batches(config, count):
+    """Batches of ``count`` random images, with the recipe's augmentation."""
+    info = dataset_info(config.dataset)
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, size=(count, *info.image_shape), dtype=np.uint8)
+    labels = rng.integers(0, len(info.classes), size=count)
+    return Batches(images, labels, config.batch_size, mean=info.mean, std=info.std, shuffle=True,
+                   drop_last=True, augment=augment.pipeline(config.max_shift, config.flip, config.erasing))
+
+
+def train(trainer, batches, epochs):
+    """Steps over ``epochs``; returns (steps, seconds) from the first batch to the last result."""
+    backend.synchronize()
+    start, steps = time.perf_counter(), 0
+    for epoch in epochs:
+        for index, (x, y) in enumerate(batches.epoch(epoch)):
+            loss_value, _ = trainer.step(x, y, trainer.config.lr, (0, epoch, index))
+            steps += 1
+    float(loss_value)  # waits for the last step
+    return steps, time.perf_counter() - start
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    backend.keep_freed_memory()
+    trainer = make_trainer(args)
+    batches = make_batches(trainer.config, args.images)
+    print(f"recipe {args.recipe}: {trainer.model.num_parameters():,} parameters, "
+          f"batch {trainer.config.batch_size}, backend {backend.get_backend()}")
+    train(trainer, batches, [0])  # warm-up: allocations, and on a GPU the kernels' compilation
+    steps, seconds = train(trainer, batches, range(1, 1 + args.epochs))
+    print(f"step without the timers: {1e3 * seconds / steps:.2f} ms ({steps} steps)")
+
+    profile = Profile(backend.synchronize)
+    for cls in LAYERS:
+        for name in ("forward", "backward"):
+            if name in vars(cls):
+                profile.wrap(cls, name, f"{cls.__name__}.{name}")
+    for name in AUGMENTATIONS:
+        profile.wrap(augment, name, f"augment.{name}")
+    profile.wrap(trainer.optimizer, "step", f"{type(trainer.optimizer).__name__}.step")
+    batches = make_batches(trainer.config, args.images)  # a pipeline keeps the functions it was built from
+    steps, seconds = train(trainer, batches, range(1 + args.epochs, 1 + 2 * args.epochs))
+    rest = seconds - sum(profile.seconds.values())
+    print(f"step with the timers: {1e3 * seconds / steps:.2f} ms; exclusive ms per step:")
+    for label, spent in [*profile.seconds.most_common(), ("everything else", rest)]:
+        print(f"  {label:30s} {1e3 * spent / steps:8.2f}")
+
+
+if __name__ == "__main__":
+    main()
