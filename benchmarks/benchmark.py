@@ -773,7 +773,7 @@ def setup_backends(gpu):
     if gpu:
         try:
             backend.set_backend("cupy")
-        except RuntimeError as e:
+        except backend.BackendError as e:
             sys.exit(f"--gpu: {e}")
         if torch and not torch.cuda.is_available():
             sys.exit(f"--gpu: PyTorch {torch.__version__} sees no CUDA device (a CPU-only build?); "
