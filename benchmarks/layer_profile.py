@@ -32,9 +32,10 @@ from tinyvit import augment, backend, layers, loss, model  # noqa: E402
 from tinyvit.data import Batches, dataset_info  # noqa: E402
 from tinyvit.train import Trainer  # noqa: E402
 
-LAYERS = (layers.Patchify, layers.Linear, layers.LayerNorm, layers.GELU, layers.Attention,
-          layers.Residual, layers.Dropout, layers.Sequential, layers.Block, model.ViT,
-          loss.SoftmaxCrossEntropy)
+# every layer class (each Module subclass defined in these modules), the loss included
+LAYERS = [cls for module in (layers, model, loss) for cls in vars(module).values()
+          if isinstance(cls, type) and issubclass(cls, layers.Module) and cls is not layers.Module
+          and cls.__module__ == module.__name__]
 AUGMENTATIONS = ("random_crop", "horizontal_flip", "random_erasing", "mixup", "cutmix")
 
 
