@@ -214,12 +214,12 @@ def warn_if_busy():
 # ---------------------------------------------------------------------------
 
 
-def matmul_flops(config, batch, last_block_queries=None):
+def matmul_flops(config, batch, last_block_rows=None):
     """Floating-point operations (2 per multiply-add) of the model's matmuls in one
     forward pass of ``batch`` images. With T = (image/P)^2 patches, N = T + 1
     tokens, D embed_dim, M = int(mlp_ratio * D), C channels, P patch, K classes,
     L depth, B batch, and Q query tokens in a block (Q = N, or fewer in a last
-    block that computes only Q tokens' outputs: ``last_block_queries``):
+    block that computes only Q tokens' outputs: ``last_block_rows``, None for N):
 
         patch embedding   2 B T (C P^2) D
         per block         2 B N D (3D)        qkv       (every token: all are keys and values)
@@ -243,7 +243,7 @@ def matmul_flops(config, batch, last_block_queries=None):
         return 2 * batch * D * (N * 3 * D + Q * (2 * N + D + 2 * M))
 
     patch = 2 * batch * T * (c.in_channels * c.patch_size**2) * D
-    last = block(N if last_block_queries is None else last_block_queries)
+    last = block(last_block_rows or N)
     head = 2 * batch * D * c.num_classes
     return patch + (c.depth - 1) * block(N) + last + head
 
@@ -635,7 +635,8 @@ def run_config(name, args):
         tv.close()
     # torch computes every token in every block; tinyvit's last block, under class-token
     # pooling, only the class token's row (the rest never reaches the head)
-    forward = {"tinyvit": matmul_flops(config, args.batch, tv.model.blocks[-1].attn.queries),
+    last_rows = tv.model.blocks[-1].attn.query_rows(config.num_patches + 1)  # of N = patches + class token
+    forward = {"tinyvit": matmul_flops(config, args.batch, last_rows),
                "torch": matmul_flops(config, args.batch)}
     result = {"config": describe(config), "params": tv.model.num_parameters(), "batch": args.batch,
               "forward_matmul_flops": forward, "train_matmul_flops": {k: 3 * v for k, v in forward.items()},
