@@ -29,8 +29,8 @@ sys.path.insert(0, str(ROOT))  # train_mnist.py's RECIPES
 
 import train_mnist  # noqa: E402
 from tinyvit import augment, backend, layers, loss, model  # noqa: E402
-from tinyvit.data import Batches, dataset_info  # noqa: E402
-from tinyvit.train import Trainer  # noqa: E402
+from tinyvit.data import dataset_info  # noqa: E402
+from tinyvit.train import Trainer, training_batches  # noqa: E402
 
 # every layer class (each Module subclass defined in these modules), the loss included
 LAYERS = [cls for module in (layers, model, loss) for cls in vars(module).values()
@@ -83,13 +83,12 @@ def make_trainer(args):
 
 
 def make_batches(config, count):
-    """Batches of ``count`` random images, with the recipe's augmentation."""
+    """The recipe's training batches over ``count`` random images."""
     info = dataset_info(config.dataset)
     rng = np.random.default_rng(0)
     images = rng.integers(0, 256, size=(count, *info.image_shape), dtype=np.uint8)
     labels = rng.integers(0, len(info.classes), size=count)
-    return Batches(images, labels, config.batch_size, mean=info.mean, std=info.std, shuffle=True,
-                   drop_last=True, augment=augment.pipeline(config.max_shift, config.flip, config.erasing))
+    return training_batches(config, images, labels)
 
 
 def train(trainer, batches, epochs):

@@ -185,6 +185,13 @@ def make_batches(config, split):
         images, labels = images[:subset], labels[:subset]
     if split == "test":
         return Batches(images, labels, config.eval_batch_size, mean=info.mean, std=info.std)
+    return training_batches(config, images, labels)
+
+
+def training_batches(config, images, labels):
+    """The run's training ``Batches`` over these images: shuffled, full batches only,
+    with the config's augmentation."""
+    info = dataset_info(config.dataset)
     augment = aug.pipeline(config.max_shift, config.flip, config.erasing)
     return Batches(images, labels, config.batch_size, mean=info.mean, std=info.std,
                    shuffle=True, drop_last=True, seed=config.seed, augment=augment)
