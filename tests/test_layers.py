@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from tinyvit import backend as B
+from tinyvit import layers
 from tinyvit.gradcheck import gradient_check
 from tinyvit.layers import (
     GELU,
@@ -120,6 +121,22 @@ def test_gelu_float32_value_and_derivative_within_5e7(backend):
     assert (np.abs(y - exact) / np.maximum(1, np.abs(x))).max() < 5e-7
     assert np.abs(dydx - exact_dydx).max() < 5e-7
     np.testing.assert_array_equal(B.to_host(gelu.eval().forward(B.to_device(x))), y)
+
+
+def test_gelu_row_blocks_cover_every_row_once(backend, monkeypatch):
+    """On the CPU a large GELU runs in row blocks of about BLOCK_ELEMENTS values: its
+    values and derivatives equal those of one pass over the whole array, bit for bit."""
+    x = (randn(301, 700) * 3).astype(np.float32)
+    assert len(layers.row_blocks(x)) > 1 or not B.on_cpu()  # several blocks on the CPU
+    results = []
+    for block_elements in (layers.BLOCK_ELEMENTS, x.size):
+        monkeypatch.setattr(layers, "BLOCK_ELEMENTS", block_elements)
+        gelu = GELU()
+        y = gelu.forward(x)
+        results.append((B.to_host(y), B.to_host(gelu.backward(B.xp.ones_like(x)))))
+    (y_blocks, dydx_blocks), (y_whole, dydx_whole) = results
+    np.testing.assert_array_equal(y_blocks, y_whole)
+    np.testing.assert_array_equal(dydx_blocks, dydx_whole)
 
 
 def test_gelu_matches_torch_to_1e12(backend):
