@@ -65,6 +65,12 @@ def test_create_model_overrides_and_errors():
         (dict(image_size=30, patch_size=7), "image_size 30 is not divisible by patch_size 7"),
         (dict(embed_dim=10, num_heads=4), "embed_dim 10 is not divisible by num_heads 4"),
         (dict(pool="max"), "pool must be 'cls' or 'mean', got 'max'"),
+        (dict(patch_size=0), "patch_size must be at least 1, got 0"),  # not a modulo by zero
+        (dict(num_heads=0), "num_heads must be at least 1, got 0"),
+        (dict(depth=0), "depth must be at least 1, got 0"),
+        (dict(mlp_ratio=0.01), "mlp_ratio 0.01 leaves the MLP no hidden unit at embed_dim 64"),
+        (dict(dropout=1.0), r"dropout must be in \[0, 1\), got 1.0"),
+        (dict(attn_dropout=-0.1), r"attn_dropout must be in \[0, 1\), got -0.1"),
     ],
 )
 def test_config_errors(fields, message):

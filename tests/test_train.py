@@ -195,12 +195,18 @@ def test_cli_trains_evaluates_and_predicts(stripes, tmp_path, capsys):
         assert probabilities == sorted(probabilities, reverse=True) and sum(probabilities) <= 1.0
 
 
-@pytest.mark.parametrize("flag, value", [("--epochs", "0"), ("--eval-every", "0"), ("--batch-size", "-1")])
-def test_cli_rejects_a_flag_out_of_range_in_one_line(tmp_path, capsys, flag, value):
+@pytest.mark.parametrize("flags, message", [
+    (["--epochs", "0"], "epochs must be at least 1, got 0"),
+    (["--eval-every", "0"], "eval_every must be at least 1, got 0"),
+    (["--batch-size", "-1"], "batch_size must be at least 1, got -1"),
+    (["--lr", "-1"], "lr must be positive, got -1.0"),
+    (["--patch-size", "5"], "image_size 28 is not divisible by patch_size 5"),
+    (["--dataset", "cifar10", "--num-heads", "0"], "num_heads must be at least 1, got 0"),
+])
+def test_cli_rejects_a_flag_out_of_range_in_one_line(tmp_path, capsys, flags, message):
     out = tmp_path / "cli"
-    assert train_mnist.main(["--out", str(out), flag, value]) == 2
-    name = flag[2:].replace("-", "_")
-    assert capsys.readouterr().err == f"train_mnist.py: error: {name} must be at least 1, got {value}\n"
+    assert train_mnist.main(["--out", str(out), *flags]) == 2
+    assert capsys.readouterr().err == f"train_mnist.py: error: {message}\n"
     assert not out.exists()
 
 
@@ -313,6 +319,18 @@ def test_bad_config_values_are_named():
         TrainConfig(model="vit_huge")
     with pytest.raises(ValueError, match="batch_size must be at least 1, got 0"):
         TrainConfig(batch_size=0)
+    with pytest.raises(ValueError, match="unknown dataset 'svhn'"):
+        TrainConfig(dataset="svhn")
+    with pytest.raises(ValueError, match=r"unknown config field\(s\) \['dpeth'\]"):
+        TrainConfig(model_overrides={"dpeth": 2})
+    with pytest.raises(ValueError, match="image_size 32 is not divisible by patch_size 7"):
+        TrainConfig(dataset="cifar10", model="mnist")  # the preset's patch 7 on CIFAR-10's 32x32
+    with pytest.raises(ValueError, match="min_lr must be at least 0, got -0.1"):
+        TrainConfig(min_lr=-0.1)
+    with pytest.raises(ValueError, match=r"label_smoothing must be in \[0, 1\), got 1.0"):
+        TrainConfig(label_smoothing=1.0)
+    with pytest.raises(ValueError, match=r"erasing must be in \[0, 1\], got 2"):
+        TrainConfig(erasing=2)
 
 
 @pytest.mark.skipif(not (SHARED_DATA / "mnist").is_dir(), reason="real MNIST files not present")

@@ -19,6 +19,15 @@ from .backend import get_default_dtype, host_rng, rng as device_rng, to_device, 
 from .layers import Block, Dropout, LayerNorm, Linear, Module, Parameter, PatchEmbed, trunc_normal
 
 
+def check_fields(config, names, valid, expected):
+    """A ValueError naming the first field of ``config`` in ``names`` whose value is
+    not ``valid``: "<name> must be <expected>, got <value>"."""
+    for name in names:
+        value = getattr(config, name)
+        if not valid(value):
+            raise ValueError(f"{name} must be {expected}, got {value}")
+
+
 @dataclasses.dataclass
 class ViTConfig:
     image_size: int = 28
@@ -35,6 +44,13 @@ class ViTConfig:
     pool: str = "cls"
 
     def __post_init__(self):
+        check_fields(self, ("image_size", "patch_size", "in_channels", "num_classes", "embed_dim", "depth",
+                            "num_heads"), lambda n: n >= 1, "at least 1")
+        check_fields(self, ("dropout", "attn_dropout"), lambda p: 0.0 <= p < 1.0, "in [0, 1)")
+        if int(self.embed_dim * self.mlp_ratio) < 1:
+            raise ValueError(
+                f"mlp_ratio {self.mlp_ratio} leaves the MLP no hidden unit at embed_dim {self.embed_dim}"
+            )
         if self.image_size % self.patch_size:
             raise ValueError(
                 f"image_size {self.image_size} is not divisible by patch_size {self.patch_size}"
@@ -73,16 +89,22 @@ PRESETS = {
 }
 
 
-def create_model(name, seed=0, dtype=None, **overrides):
-    """A ViT from a named preset, with any config field overridden:
-    ``create_model("mnist", depth=6, embed_dim=96)``."""
+def preset_config(name, **overrides):
+    """The ViTConfig of a named preset, with any field overridden; a ValueError
+    names an unknown preset or field, or a value out of range."""
     if name not in PRESETS:
         raise ValueError(f"unknown model preset {name!r}; presets: {', '.join(PRESETS)}")
     fields = {f.name for f in dataclasses.fields(ViTConfig)}
     unknown = set(overrides) - fields
     if unknown:
         raise ValueError(f"unknown config field(s) {sorted(unknown)}; fields: {sorted(fields)}")
-    return ViT(dataclasses.replace(PRESETS[name], **overrides), seed=seed, dtype=dtype)
+    return dataclasses.replace(PRESETS[name], **overrides)
+
+
+def create_model(name, seed=0, dtype=None, **overrides):
+    """A ViT from a named preset, with any config field overridden:
+    ``create_model("mnist", depth=6, embed_dim=96)``."""
+    return ViT(preset_config(name, **overrides), seed=seed, dtype=dtype)
 
 
 class ViT(Module):

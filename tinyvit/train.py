@@ -26,7 +26,7 @@ from .backend import get_backend, host_rng, rng as device_rng, set_backend, to_d
 from .checkpoint import atomic_write, load_checkpoint, save_checkpoint
 from .data import Batches, DatasetError, dataset_info, load_dataset
 from .loss import SoftmaxCrossEntropy, loss_and_gradients
-from .model import PRESETS, ViT
+from .model import ViT, check_fields, preset_config
 from .optim import SGD, AdamW, clip_grad_norm, warmup_cosine
 from .parallel import DataParallel
 
@@ -64,20 +64,24 @@ class TrainConfig:
     test_subset: int = 0
 
     def __post_init__(self):
-        if self.model not in PRESETS:
-            raise ValueError(f"unknown model preset {self.model!r}; presets: {', '.join(PRESETS)}")
+        """Every value is checked here, so that a bad one is named before a run starts."""
+        self.model_config()  # the dataset, the preset and its overrides
         if self.optimizer not in ("adamw", "sgd"):
             raise ValueError(f"optimizer must be 'adamw' or 'sgd', got {self.optimizer!r}")
-        for name in ("epochs", "batch_size", "eval_batch_size", "eval_every", "log_every", "workers"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        check_fields(self, ("epochs", "batch_size", "eval_batch_size", "eval_every", "log_every", "workers"),
+                     lambda n: n >= 1, "at least 1")
+        check_fields(self, ("lr",), lambda x: x > 0, "positive")
+        check_fields(self, ("min_lr", "warmup_epochs", "weight_decay", "clip_grad", "max_shift", "mixup",
+                            "cutmix", "train_subset", "test_subset"), lambda x: x >= 0, "at least 0")
+        check_fields(self, ("label_smoothing",), lambda p: 0.0 <= p < 1.0, "in [0, 1)")
+        check_fields(self, ("erasing",), lambda p: 0.0 <= p <= 1.0, "in [0, 1]")
 
     def model_config(self):
         """The ViT config: the preset, with the dataset's shape and classes, then overrides."""
         info = dataset_info(self.dataset)
         channels, size, _ = info.image_shape
         fields = dict(in_channels=channels, image_size=size, num_classes=len(info.classes))
-        return dataclasses.replace(PRESETS[self.model], **{**fields, **self.model_overrides})
+        return preset_config(self.model, **{**fields, **self.model_overrides})
 
 
 # -- one step and evaluation ------------------------------------------------------
