@@ -801,6 +801,10 @@ def parse_args(argv=None):
     p.add_argument("--json", metavar="FILE", help="write the figures as JSON")
     p.add_argument("--memory-worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    for name, least in (("batch", 1), ("steps", 1), ("rounds", 1), ("memory_steps", 1), ("workers", 1),
+                        ("warmup", 0)):
+        if getattr(args, name) < least:
+            p.error(f"--{name.replace('_', '-')} must be at least {least}, got {getattr(args, name)}")
     if args.gpu and args.workers > 1:
         p.error("--workers splits batches over CPU processes; on a GPU tinyvit runs one process")
     if args.quick:

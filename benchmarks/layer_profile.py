@@ -70,7 +70,11 @@ def parse_args(argv=None):
     p.add_argument("--images", type=int, default=4096, help="random images per epoch")
     p.add_argument("--epochs", type=int, default=3, help="timed epochs, after one untimed")
     p.add_argument("--gpu", action="store_true", help="CuPy (else NumPy, in one process)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    for name in ("batch", "images", "epochs"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    return args
 
 
 def make_trainer(args):

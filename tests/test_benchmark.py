@@ -14,12 +14,16 @@ SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "benchmark.py"
 PROFILE = SCRIPT.with_name("layer_profile.py")
 
 
-@pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("benchmark", SCRIPT)
+def load_script(path):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return load_script(SCRIPT)
 
 
 class FakeClock:
@@ -69,6 +73,21 @@ def test_every_turn_starts_with_untimed_steps(bench, monkeypatch, warmup, slow_s
     assert sum(t == pytest.approx(1.0) for t in timed) == len(timed) - slow_steps
     for r in runners:  # per round: warmup + 3 training steps, then warmup + 3 inferences
         assert r.steps == (["train"] * (warmup + 3) + ["infer"] * (warmup + 3)) * 2
+
+
+@pytest.mark.parametrize("script, flags, message", [
+    (SCRIPT, ["--rounds", "0"], "--rounds must be at least 1, got 0"),
+    (SCRIPT, ["--batch", "-3"], "--batch must be at least 1, got -3"),
+    (SCRIPT, ["--warmup", "-1"], "--warmup must be at least 0, got -1"),
+    (SCRIPT, ["--configs", "A,Z"], "unknown config(s) ['Z']; known: A, B, C"),
+    (PROFILE, ["--images", "0"], "--images must be at least 1, got 0"),
+    (PROFILE, ["--batch", "-1"], "--batch must be at least 1, got -1"),
+])
+def test_bad_flags_are_named_in_one_line(capsys, script, flags, message):
+    with pytest.raises(SystemExit) as exit:
+        load_script(script).parse_args(flags)
+    assert exit.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].endswith(f": error: {message}")
 
 
 @pytest.mark.slow
