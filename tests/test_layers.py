@@ -254,6 +254,8 @@ def test_attention_with_fewer_queries_gives_the_first_rows(backend, queries):
 def test_attention_rejects_bad_head_count(backend):
     with pytest.raises(ValueError, match="embed_dim 10 is not divisible by num_heads 3"):
         Attention(10, 3)
+    with pytest.raises(ValueError, match="embed_dim 10 is not divisible by num_heads 0"):
+        Attention(10, 0)  # not a modulo by zero
 
 
 def test_broken_softmax_backward_is_caught(backend):

@@ -137,6 +137,18 @@ def test_sgd_nesterov_needs_momentum():
         SGD(Tiny(), momentum=0.0, nesterov=True)
 
 
+@pytest.mark.parametrize("make, message", [
+    (lambda m: SGD(m, lr=-0.1), "SGD: lr must be at least 0, got -0.1"),
+    (lambda m: SGD(m, momentum=-0.9), "SGD: momentum must be at least 0, got -0.9"),
+    (lambda m: AdamW(m, weight_decay=-1), "AdamW: weight_decay must be at least 0, got -1"),
+    (lambda m: AdamW(m, eps=-1e-8), "AdamW: eps must be at least 0, got -1e-08"),
+    (lambda m: AdamW(m, betas=(0.9, 1.0)), r"AdamW: betas must each be in \[0, 1\), got \(0.9, 1.0\)"),
+])
+def test_settings_out_of_range_are_named(make, message):
+    with pytest.raises(ValueError, match=message):
+        make(Tiny())
+
+
 # ---------------------------------------------------------------------------
 # AdamW
 # ---------------------------------------------------------------------------

@@ -634,7 +634,7 @@ class Attention(Module):
                  queries=None):
         """``rng``: host generator for the initial weights; ``queries``: see above (None: all tokens)."""
         super().__init__()
-        if dim % num_heads:
+        if num_heads < 1 or dim % num_heads:
             raise ValueError(f"Attention: embed_dim {dim} is not divisible by num_heads {num_heads}")
         self.num_heads, self.head_dim = num_heads, dim // num_heads
         self.scale = self.head_dim**-0.5

@@ -14,7 +14,11 @@ from .backend import xp
 class Optimizer:
     """Holds the flat (data, grad, decay) buffers and the step count."""
 
-    def __init__(self, module, lr):
+    def __init__(self, module, lr, weight_decay, **more_at_least_0):
+        """``more_at_least_0``: the subclass's other settings that must be >= 0."""
+        for name, value in dict(lr=lr, weight_decay=weight_decay, **more_at_least_0).items():
+            if value < 0:
+                raise ValueError(f"{type(self).__name__}: {name} must be at least 0, got {value}")
         self.data, self.grad, self.decay = module.flat_parameters()
         self.lr = lr
         self.t = 0
@@ -58,7 +62,7 @@ class SGD(Optimizer):
     _buffers = ("buf",)
 
     def __init__(self, module, lr=0.1, momentum=0.9, nesterov=False, weight_decay=0.0):
-        super().__init__(module, lr)
+        super().__init__(module, lr, weight_decay, momentum=momentum)
         if nesterov and momentum <= 0:
             raise ValueError("SGD: Nesterov momentum needs momentum > 0")
         self.momentum, self.nesterov, self.weight_decay = momentum, nesterov, weight_decay
@@ -93,7 +97,9 @@ class AdamW(Optimizer):
     _buffers = ("m", "v")
 
     def __init__(self, module, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01):
-        super().__init__(module, lr)
+        super().__init__(module, lr, weight_decay, eps=eps)
+        if not all(0.0 <= beta < 1.0 for beta in betas):
+            raise ValueError(f"AdamW: betas must each be in [0, 1), got {betas}")
         self.beta1, self.beta2 = betas
         self.eps, self.weight_decay = eps, weight_decay
         self.m = xp.zeros_like(self.data)
