@@ -20,7 +20,7 @@ class Optimizer:
             if value < 0:
                 raise ValueError(f"{type(self).__name__}: {name} must be at least 0, got {value}")
         self.data, self.grad, self.decay = module.flat_parameters()
-        self.lr = lr
+        self.lr, self.weight_decay = lr, weight_decay
         self.t = 0
         self._scratch = xp.empty_like(self.data)
 
@@ -65,7 +65,7 @@ class SGD(Optimizer):
         super().__init__(module, lr, weight_decay, momentum=momentum)
         if nesterov and momentum <= 0:
             raise ValueError("SGD: Nesterov momentum needs momentum > 0")
-        self.momentum, self.nesterov, self.weight_decay = momentum, nesterov, weight_decay
+        self.momentum, self.nesterov = momentum, nesterov
         self.buf = xp.zeros_like(self.data)
 
     def _update(self, lr):
@@ -101,7 +101,7 @@ class AdamW(Optimizer):
         if not all(0.0 <= beta < 1.0 for beta in betas):
             raise ValueError(f"AdamW: betas must each be in [0, 1), got {betas}")
         self.beta1, self.beta2 = betas
-        self.eps, self.weight_decay = eps, weight_decay
+        self.eps = eps
         self.m = xp.zeros_like(self.data)
         self.v = xp.zeros_like(self.data)
 
