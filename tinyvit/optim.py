@@ -12,7 +12,7 @@ from .backend import xp
 
 
 class Optimizer:
-    """Holds the flat (data, grad, decay) buffers and the step count."""
+    """Holds the flat (data, grad, decay) buffers, the step count, lr and weight_decay."""
 
     def __init__(self, module, lr, weight_decay, **more_at_least_0):
         """``more_at_least_0``: the subclass's other settings that must be >= 0."""
