@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from tinyvit import backend
+from tinyvit.allocator import keep_freed_memory
 from tinyvit.backend import BackendError
 from tinyvit.checkpoint import CheckpointError
 from tinyvit.data import DatasetError
@@ -30,12 +31,12 @@ RECIPES = {
     "mnist": dict(dataset="mnist"),
     "mnist-long": dict(dataset="mnist", model_overrides={"patch_size": 4}, epochs=40, lr=3e-3,
                        max_shift=2),
-    # 91% at epoch 21, 91.28% at the end (1666 s) here, with 2 worker processes
+    # 91% at epoch 21, 91.28% at the end (1666 s) on an AMD EPYC (Zen 3), 2 worker processes
     "fashion-mnist": dict(dataset="fashion-mnist",
                           model_overrides={"patch_size": 4, "num_heads": 2, "pool": "mean"},
                           epochs=24, batch_size=32, lr=2e-3, max_shift=1, flip=True),
-    # the model of ../shared/notes/learning.md's CIFAR-10 hour (811,146 parameters), mean-pooled;
-    # 80.43% at 6262 s here with seed 0 and 80.28% at 6486 s with --seed 1 (2 worker processes);
+    # the cifar10 preset at dim 128 with 4 heads (811,146 parameters), mean-pooled; on an AMD
+    # EPYC (Zen 3), 2 worker processes: 80.43% at 6262 s with seed 0, 80.28% at 6486 s with --seed 1;
     # over 27 epochs it ended at 80.52% and 80.05% with seed 0 and at 79.90% with seed 1
     "cifar10": dict(dataset="cifar10", model="cifar10",
                     model_overrides={"embed_dim": 128, "num_heads": 4, "pool": "mean"},
@@ -166,7 +167,7 @@ def main(argv=None):
     except ValueError as error:  # a flag out of range (--epochs 0) or one its mode would ignore
         print(f"train_mnist.py: error: {error}", file=sys.stderr)
         return 2
-    backend.keep_freed_memory()  # this process is ours: reuse freed arrays' pages (tinyvit/backend.py)
+    keep_freed_memory()  # this process is ours: reuse freed arrays' pages (tinyvit/allocator.py)
     try:
         run(args, mode, config)
     except (DatasetError, CheckpointError, FileNotFoundError, BackendError) as error:

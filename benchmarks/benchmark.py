@@ -1,8 +1,8 @@
 """tinyvit against PyTorch eager: training-step and inference speed, FLOP rate, peak memory.
 
-Command (the two variables are unset because these machines set them for old
+Command (the two variables are unset because some machines set them for old
 OpenBLAS builds; with them NumPy runs AVX2 kernels at about half speed, and a
-user's machine does not set them; see ../shared/notes/performance.md):
+user's machine does not set them; see docs/performance.md):
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/benchmark.py
 
@@ -42,7 +42,7 @@ of steps, so their final losses are printed side by side: a check that the
 backward passes and the AdamW steps agree too.
 Both sides use the same thread count: torch.set_num_threads(number of OpenBLAS
 threads), and the same allocator settings: this process, like train_mnist.py,
-calls ``backend.keep_freed_memory()`` (glibc keeps freed arrays' pages for reuse).
+calls ``allocator.keep_freed_memory()`` (glibc keeps freed arrays' pages for reuse).
 
 GFLOP/s counts only the model's matmuls, from the config (``matmul_flops``), each
 framework its own: under class-token pooling tinyvit's last block computes the
@@ -94,7 +94,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # torch_reference.py lives with the tests
 
 import tinyvit  # noqa: E402
-from tinyvit import backend  # noqa: E402
+from tinyvit import allocator, backend  # noqa: E402
+from tinyvit.layers import ClassAttentionBlock  # noqa: E402
 from tinyvit.loss import SoftmaxCrossEntropy, loss_and_gradients  # noqa: E402
 from tinyvit.model import ViT, ViTConfig  # noqa: E402
 from tinyvit.optim import AdamW  # noqa: E402
@@ -635,7 +636,7 @@ def run_config(name, args):
         tv.close()
     # torch computes every token in every block; tinyvit's last block, under class-token
     # pooling, only the class token's row (the rest never reaches the head)
-    last_rows = tv.model.blocks[-1].attn.query_rows(config.num_patches + 1)  # of N = patches + class token
+    last_rows = 1 if isinstance(tv.model.blocks[-1], ClassAttentionBlock) else None
     forward = {"tinyvit": matmul_flops(config, args.batch, last_rows),
                "torch": matmul_flops(config, args.batch)}
     result = {"config": describe(config), "params": tv.model.num_parameters(), "batch": args.batch,
@@ -770,7 +771,7 @@ def setup_backends(gpu):
     """Select the array backend and torch's threads, and keep freed memory in this
     process as train_mnist.py does (both frameworks share it); exit with a clear
     message when GPU mode lacks CuPy or CUDA."""
-    backend.keep_freed_memory()
+    allocator.keep_freed_memory()
     if gpu:
         try:
             backend.set_backend("cupy")

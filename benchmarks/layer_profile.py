@@ -28,14 +28,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # train_mnist.py's RECIPES
 
 import train_mnist  # noqa: E402
-from tinyvit import augment, backend, layers, loss, model  # noqa: E402
+from tinyvit import allocator, augment, backend, fast, layers, loss, model, module  # noqa: E402
 from tinyvit.data import dataset_info  # noqa: E402
 from tinyvit.train import Trainer, training_batches  # noqa: E402
 
 # every layer class (each Module subclass defined in these modules), the loss included
-LAYERS = [cls for module in (layers, model, loss) for cls in vars(module).values()
-          if isinstance(cls, type) and issubclass(cls, layers.Module) and cls is not layers.Module
-          and cls.__module__ == module.__name__]
+LAYERS = [cls for source in (module, layers, model, loss) for cls in vars(source).values()
+          if isinstance(cls, type) and issubclass(cls, module.Module) and cls is not module.Module
+          and cls.__module__ == source.__name__]
 AUGMENTATIONS = ("random_crop", "horizontal_flip", "random_erasing", "mixup", "cutmix")
 
 
@@ -61,6 +61,21 @@ class Profile:
             return result
 
         setattr(owner, name, timed)
+
+
+def timed_methods():
+    """(class, method name, label) of every forward and backward a step may run: the
+    layers' and, where the fast tier has a kernel on the active backend, the kernel's
+    (charged to the reference layer's name), each method where its class defines it."""
+    kernels = fast.kernels()
+    seen = set()
+    for cls in LAYERS:
+        for name in ("forward", "backward"):
+            for built in (cls, kernels.get(cls, cls)):
+                owner = next(c for c in built.__mro__ if name in vars(c))
+                if owner is not module.Module and (owner, name) not in seen:
+                    seen.add((owner, name))
+                    yield owner, name, f"{cls.__name__}.{name}"
 
 
 def parse_args(argv=None):
@@ -109,7 +124,7 @@ def train(trainer, batches, epochs):
 
 def main(argv=None):
     args = parse_args(argv)
-    backend.keep_freed_memory()
+    allocator.keep_freed_memory()
     trainer = make_trainer(args)
     batches = make_batches(trainer.config, args.images)
     print(f"recipe {args.recipe}: {trainer.model.num_parameters():,} parameters, "
@@ -119,10 +134,8 @@ def main(argv=None):
     print(f"step without the timers: {1e3 * seconds / steps:.2f} ms ({steps} steps)")
 
     profile = Profile(backend.synchronize)
-    for cls in LAYERS:
-        for name in ("forward", "backward"):
-            if name in vars(cls):
-                profile.wrap(cls, name, f"{cls.__name__}.{name}")
+    for owner, name, label in timed_methods():
+        profile.wrap(owner, name, label)
     for name in AUGMENTATIONS:
         profile.wrap(augment, name, f"augment.{name}")
     profile.wrap(trainer.optimizer, "step", f"{type(trainer.optimizer).__name__}.step")

@@ -1,14 +1,36 @@
-"""Shared fixtures: every test that takes ``backend`` runs once per array backend.
+"""Shared fixtures and helpers of the test suite.
 
-The CuPy run is marked ``gpu`` and skipped unless CuPy imports and sees a GPU,
-so the same test body checks both backends (no copied GPU test files).
+Fixtures: ``backend`` runs a test once per array backend (the CuPy run is marked
+``gpu`` and skipped unless CuPy imports and sees a GPU, so the same test body
+checks both backends); ``tier`` runs it once per tier of layers (the reference,
+and the fast kernels of the active backend); ``stripes`` writes a small
+synthetic dataset in MNIST's official file layout.
+
+Helpers, imported by the test files with ``from conftest import ...``: random
+arrays, parameter jitter, IDX files, the synthetic stripes and a tiny training
+config.
 """
 
+import dataclasses
+import gzip
+import hashlib
+import struct
+from pathlib import Path
+
+import numpy as np
 import pytest
 
 from tinyvit import backend as B
+from tinyvit import data, fast
+from tinyvit.train import TrainConfig
 
 _HAS_GPU = B.cupy_available()
+
+MNIST_FILES = {
+    "train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
+    "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"),
+}
+TINY_MODEL = {"embed_dim": 16, "depth": 1, "num_heads": 2}
 
 
 @pytest.fixture(
@@ -27,3 +49,87 @@ def backend(request):
     """Activate one backend for the test, float64 by default, and restore after."""
     with B.using_backend(request.param), B.default_dtype("float64"):
         yield request.param
+
+
+@pytest.fixture(params=["reference", "fast"])
+def tier(request):
+    """Build the test's layers from one tier, then restore the previous one."""
+    with fast.tier(request.param):
+        yield request.param
+
+
+# --------------------------------------------------------------------------- arrays
+
+
+def randn(*shape, seed=0):
+    """Standard normal float64 values on the active backend (the same on every backend)."""
+    return B.to_device(B.host_rng(seed).standard_normal(shape))
+
+
+def jitter(module, scale=0.2, seed=1):
+    """Move every parameter off its neat initial value (unit gammas, zero biases),
+    which could hide a backward that mixes them up. Returns the module."""
+    for i, p in enumerate(module.parameters()):
+        p.data[...] += B.to_device(B.host_rng((seed, i)).standard_normal(p.shape)) * scale
+    return module
+
+
+# --------------------------------------------------------------------------- dataset files
+
+
+def sha256(path):
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def write_idx(path, array, magic, count=None):
+    """Write ``array`` as a gzip'd IDX file; ``count`` overrides the header's item count."""
+    shape = list(array.shape)
+    if count is not None:
+        shape[0] = count
+    header = struct.pack(f">{1 + len(shape)}I", magic, *shape)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wb") as f:
+        f.write(header + array.astype(np.uint8).tobytes())
+
+
+def patch_info(monkeypatch, name, **changes):
+    """Replace fields of a dataset's registry entry for the duration of a test."""
+    info = dataclasses.replace(data.DATASETS[name], **changes)
+    monkeypatch.setitem(data.DATASETS, name, info)
+    return info
+
+
+def stripe_images(labels, seed):
+    """(N, 28, 28) uint8: noise, plus in every 7x7 patch a bright column ``label % 7``
+    (and a bright row 0 for labels 7-9), so every patch token tells the class."""
+    rng = np.random.default_rng(seed)
+    images = rng.integers(0, 60, size=(len(labels), 28, 28))
+    for i, k in enumerate(labels):
+        images[i, :, int(k) % 7 :: 7] = 255
+        if k >= 7:
+            images[i, ::7, :] = 255
+    return images.astype(np.uint8)
+
+
+@pytest.fixture
+def stripes(tmp_path, monkeypatch):
+    """A synthetic dataset in MNIST's official file layout, registered as 'mnist':
+    320 training and 100 test images of ``stripe_images``. Returns the data folder."""
+    folder = tmp_path / "data" / "mnist"
+    for split, n, seed in (("train", 320, 0), ("test", 100, 1)):
+        labels = np.random.default_rng(seed).integers(0, 10, n)
+        images_file, labels_file = MNIST_FILES[split]
+        write_idx(folder / images_file, stripe_images(labels, seed), 2051)
+        write_idx(folder / labels_file, labels, 2049)
+    patch_info(monkeypatch, "mnist", sha256={f.name: sha256(f) for f in folder.iterdir()})
+    monkeypatch.setenv("TINYVIT_CACHE", str(tmp_path / "cache"))
+    return folder.parent
+
+
+def tiny_config(data_dir, out_dir, **changes):
+    """A TrainConfig of a one-block ViT that learns the stripes in a few epochs."""
+    return TrainConfig(**{
+        "data_dir": str(data_dir), "out_dir": str(out_dir), "model_overrides": TINY_MODEL,
+        "epochs": 2, "batch_size": 32, "eval_batch_size": 50, "log_every": 3, "lr": 1e-2,
+        "warmup_epochs": 0.5, "max_shift": 0, **changes,
+    })

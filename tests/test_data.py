@@ -19,33 +19,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import MNIST_FILES, patch_info, sha256, write_idx
 from tinyvit import backend as B
 from tinyvit import data
 from tinyvit.data import Batches, DatasetError, load_dataset
 
-MNIST_FILES = {
-    "train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
-    "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"),
-}
 CIFAR_RECORDS = 4  # records per batch file in the small CIFAR files written here
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def sha256(path):
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
-def write_idx(path, array, magic, count=None):
-    """Write ``array`` as a gzip'd IDX file; ``count`` overrides the header's item count."""
-    shape = list(array.shape)
-    if count is not None:
-        shape[0] = count
-    header = struct.pack(f">{1 + len(shape)}I", magic, *shape)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with gzip.open(path, "wb") as f:
-        f.write(header + array.astype(np.uint8).tobytes())
 
 
 def write_mnist(folder, split="train", n=5, seed=0):
@@ -97,13 +79,6 @@ def make_tarball(path, files):
             member = tarfile.TarInfo(name)
             member.size = len(content)
             tar.addfile(member, io.BytesIO(content))
-
-
-def patch_info(monkeypatch, name, **changes):
-    """Replace fields of a registry entry for the duration of a test."""
-    info = dataclasses.replace(data.DATASETS[name], **changes)
-    monkeypatch.setitem(data.DATASETS, name, info)
-    return info
 
 
 def patch_archive_md5(monkeypatch, tarball):

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from test_train import stripes, stripe_images, tiny_config  # noqa: F401  (stripes is a fixture)
+from conftest import jitter, stripe_images, tiny_config
 from tinyvit import backend as B
 from tinyvit import inspect
 from tinyvit.gradcheck import gradient_check
@@ -281,12 +281,6 @@ def test_resize_pos_embed_matches_torch(old, new):
     np.testing.assert_allclose(out[:, 1:], ref, atol=1e-13)
 
 
-def jittered(model, scale=0.1, seed=11):
-    for i, p in enumerate(model.parameters()):
-        p.data[...] += B.to_device(B.host_rng(seed + i).standard_normal(p.shape)) * scale
-    return model
-
-
 def test_resized_model_runs_and_keeps_its_weights(backend):
     model = small_model()
     resized = resize_image(model, 42)
@@ -306,8 +300,8 @@ def test_resized_model_runs_and_keeps_its_weights(backend):
 
 def test_resized_model_gradients_check(backend):
     """8x8 images with 4x4 patches (2x2 grid) resized to 12x12 (3x3 grid)."""
-    model = jittered(ViT(image_size=8, patch_size=4, in_channels=1, num_classes=3, embed_dim=4,
-                         depth=1, num_heads=2, mlp_ratio=1.0))
+    model = jitter(ViT(image_size=8, patch_size=4, in_channels=1, num_classes=3, embed_dim=4,
+                       depth=1, num_heads=2, mlp_ratio=1.0), scale=0.1)
     resized = resize_image(model, 12)
     assert resized.pos_embed.data.dtype == np.float64
     gradient_check(resized, images(1, size=12)).assert_ok(1e-7)
@@ -332,7 +326,7 @@ def test_pictures_are_readable_pngs(tmp_path):
 
 
 @pytest.fixture
-def checkpoint(stripes, tmp_path):  # noqa: F811  (stripes: the imported fixture)
+def checkpoint(stripes, tmp_path):
     fit(tiny_config(stripes, tmp_path / "run", epochs=1))
     return tmp_path / "run" / "best.npz"
 

@@ -2,53 +2,44 @@
 
 All checks run in float64 (the ``backend`` fixture sets it) with a random
 upstream gradient, at several shapes: batch 1, token counts that are not powers
-of two, and non-contiguous inputs. The bar: max relative error <= 1e-7.
+of two, and non-contiguous inputs. The bar: max relative error <= 1e-7. The
+gradient checks run on both tiers (the ``tier`` fixture): the reference layers
+and the fast kernels of the active backend.
 """
 
 import math
+import types
 
 import numpy as np
 import pytest
 
+from conftest import jitter, randn
 from tinyvit import backend as B
-from tinyvit import layers
+from tinyvit.functional import erf, log_softmax, normal_cdf, normal_pdf, softmax
 from tinyvit.gradcheck import gradient_check
 from tinyvit.layers import (
     GELU,
+    MLP,
     Attention,
     Block,
+    ClassAttention,
+    ClassAttentionBlock,
     Dropout,
     LayerNorm,
     Linear,
-    MLP,
     PatchEmbed,
     Patchify,
     Residual,
-    erf,
-    normal_cdf_and_pdf,
-    softmax,
+    Tanh,
 )
 
 TOL = 1e-7
 SHAPES = [(1, 5, 8), (3, 17, 8), (2, 10, 12)]  # (B, N, D): batch 1, N = 5, 17, 10
 
 
-def randn(*shape, seed=0):
-    return B.to_device(B.host_rng(seed).standard_normal(shape))
-
-
-def jitter(module, seed=1, scale=0.2):
-    """Move parameters off their neat initial values (unit gammas, zero biases),
-    which could hide a backward that mixes them up."""
-    for p in module.parameters():
-        p.data[...] += B.to_device(B.host_rng(seed).standard_normal(p.shape)) * scale
-        seed += 1
-    return module
-
-
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("bias", [True, False])
-def test_linear_gradients(backend, shape, bias):
+def test_linear_gradients(backend, tier, shape, bias):
     layer = jitter(Linear(shape[-1], 6, bias=bias, rng=B.host_rng(0)))
     report = gradient_check(layer, randn(*shape)).assert_ok(TOL)
     assert [c.name for c in report.checks] == ["input", "weight"] + (["bias"] if bias else [])
@@ -66,7 +57,7 @@ def test_linear_matches_formula(backend):
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-def test_layernorm_gradients(backend, shape):
+def test_layernorm_gradients(backend, tier, shape):
     gradient_check(jitter(LayerNorm(shape[-1])), randn(*shape)).assert_ok(TOL)
 
 
@@ -78,65 +69,30 @@ def test_layernorm_normalizes_rows(backend):
 
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
 @pytest.mark.parametrize("shape", SHAPES)
-def test_gelu_gradients(backend, shape, approximate):
+def test_gelu_gradients(backend, tier, shape, approximate):
     gradient_check(GELU(approximate), randn(*shape) * 2).assert_ok(TOL)
 
 
-def test_erf_float64_is_exact_to_rounding(backend):
+def test_erf_is_exact_to_rounding(backend):
     z = np.linspace(-8, 8, 3201)
     expected = np.array([math.erf(v) for v in z])
     np.testing.assert_allclose(B.to_host(erf(B.to_device(z))), expected, rtol=0, atol=1.5e-15)
+    assert erf(B.to_device(z.astype(np.float32))).dtype == np.float32
 
 
-@pytest.mark.parametrize("dtype, atol", [(np.float64, 1e-15), (np.float32, 5e-7)])
-def test_normal_cdf_and_pdf(backend, dtype, atol):
-    """float32 takes the A&S 7.1.26 path: within float32 rounding (spacing 6e-8 near 1)."""
-    x = np.linspace(-9, 9, 4001).astype(dtype)
-    cdf, pdf = normal_cdf_and_pdf(B.to_device(x))
-    assert cdf.dtype == dtype and pdf.dtype == dtype
+def test_normal_cdf_and_pdf(backend):
+    x = np.linspace(-9, 9, 4001)
     exact_cdf = np.array([0.5 * math.erfc(-float(v) / math.sqrt(2)) for v in x])
-    exact_pdf = np.exp(-0.5 * x.astype(np.float64) ** 2) / math.sqrt(2 * math.pi)
-    assert np.abs(B.to_host(cdf) - exact_cdf).max() < atol
-    np.testing.assert_allclose(B.to_host(pdf), exact_pdf, rtol=0, atol=atol)
+    exact_pdf = np.exp(-0.5 * x**2) / math.sqrt(2 * math.pi)
+    np.testing.assert_allclose(B.to_host(normal_cdf(B.to_device(x))), exact_cdf, rtol=0, atol=1e-15)
+    np.testing.assert_allclose(B.to_host(normal_pdf(B.to_device(x))), exact_pdf, rtol=0, atol=1e-15)
 
 
-def test_gelu_matches_exact_definition(backend):
+def test_gelu_matches_exact_definition(backend, tier):
     x = np.linspace(-10, 10, 2001)
     y = B.to_host(GELU().forward(B.to_device(x)))
     expected = np.array([v * 0.5 * (1 + math.erf(v / math.sqrt(2))) for v in x])
     np.testing.assert_allclose(y, expected, rtol=0, atol=1e-13)
-
-
-def test_gelu_float32_value_and_derivative_within_5e7(backend):
-    """float32 computes x/2 + |x| (1/2 - Phi(-|x|)) and its derivative; both within
-    A&S's 5e-7 (relative to max(1, |x|)), the same in eval mode (no derivative)."""
-    x = np.linspace(-10, 10, 20001).astype(np.float32)
-    exact = np.array([0.5 * v * math.erfc(-v / math.sqrt(2)) for v in x.astype(np.float64)])
-    exact_dydx = np.array([0.5 * math.erfc(-v / math.sqrt(2)) + v * math.exp(-0.5 * v * v) / math.sqrt(2 * math.pi)
-                           for v in x.astype(np.float64)])
-    gelu = GELU()
-    y = B.to_host(gelu.forward(B.to_device(x)))
-    dydx = B.to_host(gelu.backward(B.to_device(np.ones_like(x))))
-    assert y.dtype == np.float32 and dydx.dtype == np.float32
-    assert (np.abs(y - exact) / np.maximum(1, np.abs(x))).max() < 5e-7
-    assert np.abs(dydx - exact_dydx).max() < 5e-7
-    np.testing.assert_array_equal(B.to_host(gelu.eval().forward(B.to_device(x))), y)
-
-
-def test_gelu_row_blocks_cover_every_row_once(backend, monkeypatch):
-    """On the CPU a large GELU runs in row blocks of about BLOCK_ELEMENTS values: its
-    values and derivatives equal those of one pass over the whole array, bit for bit."""
-    x = (randn(301, 700) * 3).astype(np.float32)
-    assert len(layers.row_blocks(x)) > 1 or not B.on_cpu()  # several blocks on the CPU
-    results = []
-    for block_elements in (layers.BLOCK_ELEMENTS, x.size):
-        monkeypatch.setattr(layers, "BLOCK_ELEMENTS", block_elements)
-        gelu = GELU()
-        y = gelu.forward(x)
-        results.append((B.to_host(y), B.to_host(gelu.backward(B.xp.ones_like(x)))))
-    (y_blocks, dydx_blocks), (y_whole, dydx_whole) = results
-    np.testing.assert_array_equal(y_blocks, y_whole)
-    np.testing.assert_array_equal(dydx_blocks, dydx_whole)
 
 
 def test_gelu_matches_torch_to_1e12(backend):
@@ -156,8 +112,20 @@ def test_gelu_rejects_integer_input(backend):
 def test_softmax_is_stable_and_normalized(backend):
     s = B.to_device(np.array([[1000.0, 1000.0, -1000.0], [0.0, 1.0, 2.0]]))
     p = B.to_host(softmax(s))
-    np.testing.assert_allclose(p[0], [0.5, 0.5, 0.0])
-    np.testing.assert_allclose(p.sum(axis=-1), 1.0)
+    np.testing.assert_array_equal(p[0], [0.5, 0.5, 0.0])
+    e = np.exp([0.0, 1.0, 2.0])
+    np.testing.assert_allclose(p[1], e / e.sum(), rtol=1e-15)
+
+
+def test_log_softmax_is_exact_where_softmax_underflows(backend):
+    s = B.to_device(np.array([[0.0, -1e4, -2e4], [0.0, 1.0, 2.0]]))
+    log_p = B.to_host(log_softmax(s))
+    np.testing.assert_array_equal(log_p[0], [0.0, -1e4, -2e4])
+    np.testing.assert_allclose(np.exp(log_p[1]), B.to_host(softmax(s))[1], rtol=1e-15)
+
+
+def test_tanh_gradients(backend):
+    gradient_check(Tanh(), randn(3, 7) * 2).assert_ok(TOL)
 
 
 def test_patchify_layout_and_exact_inverse(backend):
@@ -189,7 +157,7 @@ def test_patch_embed_is_a_strided_convolution(backend):
 
 
 @pytest.mark.parametrize("batch", [1, 3])
-def test_patch_embed_gradients(backend, batch):
+def test_patch_embed_gradients(backend, tier, batch):
     layer = jitter(PatchEmbed(4, 3, 6, rng=B.host_rng(0)))
     gradient_check(layer, randn(batch, 3, 8, 12)).assert_ok(TOL)
 
@@ -200,12 +168,12 @@ def test_patchify_rejects_indivisible_size(backend):
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-def test_attention_gradients(backend, shape):
+def test_attention_gradients(backend, tier, shape):
     layer = jitter(Attention(shape[-1], num_heads=2, rng=B.host_rng(0)))
     gradient_check(layer, randn(*shape)).assert_ok(TOL)
 
 
-def test_attention_on_noncontiguous_input(backend):
+def test_attention_on_noncontiguous_input(backend, tier):
     x = randn(10, 3, 8).transpose(1, 0, 2)  # (3, 10, 8), a strided view
     assert not x.flags.c_contiguous
     layer = jitter(Attention(8, num_heads=4, rng=B.host_rng(0)))
@@ -236,19 +204,26 @@ def test_attention_matches_per_head_loop(backend):
     np.testing.assert_allclose(attn.sum(-1), 1.0)
 
 
-@pytest.mark.parametrize("queries", [1, 3])
-def test_attention_with_fewer_queries_gives_the_first_rows(backend, queries):
-    """queries=Q: the first Q rows of the full output; the gradients pass the check
+def test_class_attention_gives_the_class_token_row(backend, tier):
+    """ClassAttention: row 0 of Attention's output, and gradients that pass the check
     (the other tokens' q rows get none, every token's k and v rows get theirs)."""
     full = jitter(Attention(8, num_heads=2, rng=B.host_rng(0)))
-    few = jitter(Attention(8, num_heads=2, rng=B.host_rng(0), queries=queries))
+    cls = jitter(ClassAttention(8, num_heads=2, rng=B.host_rng(0)))
     x = randn(3, 5, 8)
-    y = B.to_host(few.forward(x))
-    assert y.shape == (3, queries, 8)
-    np.testing.assert_allclose(y, B.to_host(full.forward(x))[:, :queries], rtol=1e-13, atol=1e-14)
-    gradient_check(few, x).assert_ok(TOL)
-    few.keep_attn = True  # maps kept for inspection: every row is computed
-    assert few.forward(x).shape == (3, 5, 8)
+    y = B.to_host(cls.forward(x))
+    assert y.shape == (3, 1, 8)
+    np.testing.assert_allclose(y, B.to_host(full.forward(x))[:, :1], rtol=1e-13, atol=1e-14)
+    gradient_check(cls, x).assert_ok(TOL)
+
+
+def test_class_attention_keeps_every_row_of_the_maps(backend, tier):
+    full = jitter(Attention(8, num_heads=2, rng=B.host_rng(0)))
+    cls = jitter(ClassAttention(8, num_heads=2, rng=B.host_rng(0)))
+    full.keep_attn = cls.keep_attn = True
+    x = randn(2, 5, 8)
+    assert cls.forward(x).shape == (2, 1, 8)
+    full.forward(x)
+    np.testing.assert_allclose(B.to_host(cls.attn), B.to_host(full.attn), rtol=1e-13, atol=1e-15)
 
 
 def test_attention_rejects_bad_head_count(backend):
@@ -258,32 +233,23 @@ def test_attention_rejects_bad_head_count(backend):
         Attention(10, 0)  # not a modulo by zero
 
 
-def test_broken_softmax_backward_is_caught(backend):
+def test_broken_softmax_backward_is_caught(backend, tier):
     """A softmax backward that drops the -A * sum(dA * A) term must fail the check."""
     layer = jitter(Attention(8, num_heads=2, rng=B.host_rng(0)))
     x = randn(2, 5, 8)
     gradient_check(layer, x).assert_ok(TOL)
-    layer.backward = _softmax_without_correction(layer)
+    layer.attend_backward = types.MethodType(_attend_backward_without_correction, layer)
     with pytest.raises(AssertionError, match="gradient check failed"):
         gradient_check(layer, x).assert_ok(TOL)
 
 
-def _softmax_without_correction(layer):
-    """Attention.backward with dS = A * dA (the row-sum term forgotten)."""
-    import types
-
-    def backward(self, dout):
-        q, k, v, attn, attn_d = self.cache
-        Bsz, H, N, Dh = q.shape
-        dctx = self.proj.backward(dout).reshape(Bsz, N, H, Dh).transpose(0, 2, 1, 3)
-        dattn = dctx @ v.transpose(0, 1, 3, 2)
-        dv = attn_d.transpose(0, 1, 3, 2) @ dctx
-        dscores = attn * dattn * self.scale
-        dq, dk = dscores @ k, dscores.transpose(0, 1, 3, 2) @ q
-        dqkv = B.xp.stack([dq, dk, dv]).transpose(1, 3, 0, 2, 4).reshape(Bsz, N, 3 * H * Dh)
-        return self.qkv.backward(dqkv)
-
-    return types.MethodType(backward, layer)
+def _attend_backward_without_correction(self, dctx):
+    """``Attention.attend_backward`` with dS = A * dA (the row-sum term forgotten).
+    The fast tier caches q already scaled; the reference caches q."""
+    q, k, v, A, Ad = self._take_cache()
+    dA = dctx @ v.transpose(0, 1, 3, 2)
+    dS = A * dA
+    return dS @ k * self.scale, dS.transpose(0, 1, 3, 2) @ q * self.scale, Ad.transpose(0, 1, 3, 2) @ dctx
 
 
 def test_dropout_masks_scale_and_reuse(backend):
@@ -315,7 +281,7 @@ def test_dropout_gradients_under_fixed_seed(backend):
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-def test_mlp_gradients(backend, shape):
+def test_mlp_gradients(backend, tier, shape):
     layer = jitter(MLP(shape[-1], 2 * shape[-1], rng=B.host_rng(0)))
     gradient_check(layer, randn(*shape)).assert_ok(TOL)
 
@@ -331,14 +297,15 @@ def test_residual_gradients_and_skip(backend):
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-def test_block_gradients(backend, shape):
+def test_block_gradients(backend, tier, shape):
     layer = jitter(Block(shape[-1], num_heads=2, mlp_ratio=2.0, rng=B.host_rng(0)))
     gradient_check(layer, randn(*shape)).assert_ok(TOL)
 
 
-def test_block_with_one_query_gives_the_class_token_row(backend):
+def test_class_attention_block_gives_the_class_token_row(backend, tier):
     full = jitter(Block(8, 2, 2.0, rng=B.host_rng(0)))
-    one = jitter(Block(8, 2, 2.0, rng=B.host_rng(0), queries=1))
+    one = jitter(ClassAttentionBlock(8, 2, 2.0, rng=B.host_rng(0)))
+    assert [n for n, _ in one.named_parameters()] == [n for n, _ in full.named_parameters()]
     x = randn(2, 5, 8)
     y = B.to_host(one.forward(x))
     assert y.shape == (2, 1, 8)
@@ -346,7 +313,7 @@ def test_block_with_one_query_gives_the_class_token_row(backend):
     gradient_check(one, x).assert_ok(TOL)
 
 
-def test_block_gradients_with_dropout(backend):
+def test_block_gradients_with_dropout(backend, tier):
     layer = jitter(Block(8, 2, 2.0, dropout=0.2, attn_dropout=0.1, rng=B.host_rng(0)))
 
     def reseed():
@@ -372,22 +339,24 @@ def test_gradients_accumulate_until_zero_grad(backend):
     assert all(float(abs(p.grad).max()) == 0 for p in layer.parameters())
 
 
-@pytest.mark.parametrize("layer", [Linear(4, 4), LayerNorm(4), GELU(), Attention(4, 2), Patchify(2)])
-def test_backward_before_forward_is_an_error(layer):
+@pytest.mark.parametrize("make", [lambda: Linear(4, 4), lambda: LayerNorm(4), GELU, lambda: Attention(4, 2),
+                                  lambda: Patchify(2), Tanh])
+def test_backward_before_forward_is_an_error(tier, make):
     with pytest.raises(RuntimeError, match="backward called without a forward before it"):
-        layer.backward(B.xp.ones((1, 4, 4)))
+        make().backward(B.xp.ones((1, 4, 4)))
 
 
-@pytest.mark.parametrize("make", [lambda: LayerNorm(4), GELU, lambda: Block(4, 2, 2.0, rng=B.host_rng(0))])
-def test_a_second_backward_after_one_forward_is_an_error(make):
+@pytest.mark.parametrize("make", [lambda: LayerNorm(4), GELU, lambda: Block(4, 2, 2.0, rng=B.host_rng(0)),
+                                  lambda: ClassAttentionBlock(4, 2, 2.0, rng=B.host_rng(0))])
+def test_a_second_backward_after_one_forward_is_an_error(tier, make):
     # each forward serves one backward, which may overwrite its cache in place
-    # (LayerNorm's xhat, GELU's derivative): a second one would read garbage
+    # (the fast LayerNorm's xhat, the fast GELU's derivative): a second one would read garbage
     layer = make()
     x = B.xp.ones((1, 3, 4)) + B.xp.arange(4.0)
-    layer.forward(x)
-    layer.backward(x)
+    dout = layer.forward(x)
+    layer.backward(dout)
     with pytest.raises(RuntimeError, match="backward called without a forward before it"):
-        layer.backward(x)
+        layer.backward(dout)
 
 
 def test_linear_rejects_wrong_width(backend):

@@ -5,22 +5,14 @@ import numpy as np
 import pytest
 
 import tinyvit
+from conftest import jitter, randn
 from tinyvit import backend as B
 from tinyvit.gradcheck import gradient_check
+from tinyvit.layers import Block
 from tinyvit.model import ViT, ViTConfig
 
 TOL = 1e-7
 TINY = dict(image_size=8, patch_size=4, in_channels=2, num_classes=3, embed_dim=8, depth=2, num_heads=2)
-
-
-def jittered(model, scale=0.1, seed=11):
-    for i, p in enumerate(model.parameters()):
-        p.data[...] += B.to_device(B.host_rng(seed + i).standard_normal(p.shape)) * scale
-    return model
-
-
-def images(*shape, seed=0):
-    return B.to_device(B.host_rng(seed).standard_normal(shape))
 
 
 @pytest.mark.parametrize(
@@ -71,6 +63,8 @@ def test_create_model_overrides_and_errors():
         (dict(mlp_ratio=0.01), "mlp_ratio 0.01 leaves the MLP no hidden unit at embed_dim 64"),
         (dict(dropout=1.0), r"dropout must be in \[0, 1\), got 1.0"),
         (dict(attn_dropout=-0.1), r"attn_dropout must be in \[0, 1\), got -0.1"),
+        (dict(norm_eps=0.0), "norm_eps must be positive, got 0.0"),
+        (dict(representation_size=-1), "representation_size must be at least 0, got -1"),
     ],
 )
 def test_config_errors(fields, message):
@@ -113,9 +107,9 @@ def test_state_dict_uses_timm_names_and_layouts():
 
 
 def test_qkv_rows_are_q_then_k_then_v():
-    model = jittered(ViT(**TINY))
+    model = jitter(ViT(**TINY))
     attn = model.blocks[0].attn
-    x = images(1, 5, 8)
+    x = randn(1, 5, 8)
     qkv = B.to_host(attn.qkv.forward(x))
     w = model.state_dict()["blocks.0.attn.qkv.weight"]
     b = model.state_dict()["blocks.0.attn.qkv.bias"]
@@ -124,10 +118,10 @@ def test_qkv_rows_are_q_then_k_then_v():
 
 
 def test_state_dict_round_trip_and_save_load(tmp_path):
-    model = jittered(ViT(**TINY))
+    model = jitter(ViT(**TINY))
     other = ViT(**TINY, seed=9)
     other.load_state_dict(model.state_dict())
-    x = images(2, 2, 8, 8).astype(np.float32)
+    x = randn(2, 2, 8, 8).astype(np.float32)
     np.testing.assert_array_equal(B.to_host(other.forward(x)), B.to_host(model.forward(x)))
     path = tmp_path / "model.npz"
     model.save(path)
@@ -154,8 +148,8 @@ def test_load_state_dict_names_every_problem():
 
 
 def test_grads_use_state_dict_keys():
-    model = jittered(ViT(**TINY))
-    logits = model.forward(images(2, 2, 8, 8).astype(np.float32))
+    model = jitter(ViT(**TINY))
+    logits = model.forward(randn(2, 2, 8, 8).astype(np.float32))
     model.backward(B.xp.ones_like(logits))
     grads, state = model.grads(), model.state_dict()
     assert list(grads) == list(state)
@@ -184,50 +178,61 @@ def test_backward_before_forward_is_an_error():
 
 @pytest.mark.parametrize("pool", ["cls", "mean"])
 @pytest.mark.parametrize("batch", [1, 2])
-def test_whole_model_gradients(backend, pool, batch):
-    model = jittered(ViT(**{**TINY, "pool": pool}))
-    report = gradient_check(model, images(batch, 2, 8, 8))
+def test_whole_model_gradients(backend, tier, pool, batch):
+    model = jitter(ViT(**{**TINY, "pool": pool}))
+    report = gradient_check(model, randn(batch, 2, 8, 8))
     report.assert_ok(TOL)
     assert len(report.checks) == 1 + len(model.parameters())
 
 
-def test_cls_pooling_computes_the_last_block_for_the_class_token_only(backend):
-    """The last block computes one row under cls pooling (none is skipped under
-    mean pooling), and the logits and every gradient are those of the full model."""
-    model = jittered(ViT(**TINY))
-    assert [block.attn.queries for block in model.blocks] == [None, 1]
-    assert [block.attn.queries for block in ViT(**TINY, pool="mean").blocks] == [None, None]
-    x, dlogits = images(2, 2, 8, 8), images(2, 3, seed=1)
+def test_cls_pooling_computes_the_last_block_for_the_class_token_only(backend, tier):
+    """Under cls pooling the last block is a ClassAttentionBlock (none is under mean
+    pooling), and the logits and every gradient are those of a model whose last
+    block computes every token, as timm's does."""
+    model = jitter(ViT(**TINY))
+    assert [type(b).__name__ for b in model.blocks] == ["Block", "ClassAttentionBlock"]
+    assert [type(b).__name__ for b in ViT(**TINY, pool="mean").blocks] == ["Block", "Block"]
+    full = ViT(**TINY)
+    c = full.config
+    full.blocks[-1] = Block(c.embed_dim, c.num_heads, c.mlp_ratio)
+    full.load_state_dict(model.state_dict())
+    x, dlogits = randn(2, 2, 8, 8), randn(2, 3, seed=1)
 
-    def logits_and_gradients():
-        logits = B.to_host(model.forward(x))
-        model.zero_grad()
-        dx = B.to_host(model.backward(dlogits))
-        return [logits, dx] + [B.to_host(p.grad).copy() for p in model.parameters()]
+    def logits_and_gradients(vit):
+        logits = B.to_host(vit.forward(x))
+        vit.zero_grad()
+        dx = B.to_host(vit.backward(dlogits))
+        return [logits, dx] + [B.to_host(p.grad).copy() for p in vit.parameters()]
 
-    pruned = logits_and_gradients()
-    model.blocks[-1].attn.queries = None  # every token, as timm computes it
-    for a, b in zip(pruned, logits_and_gradients(), strict=True):
+    for a, b in zip(logits_and_gradients(model), logits_and_gradients(full), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
+
+
+def test_pre_logits_layer_names_and_gradients(backend):
+    """representation_size R adds tanh(Linear(D, R)) before a (K, R) head."""
+    model = jitter(ViT(**TINY, representation_size=5))
+    shapes = {k: v.shape for k, v in model.state_dict().items()}
+    assert shapes["pre_logits.fc.weight"] == (5, 8) and shapes["head.weight"] == (3, 5)
+    gradient_check(model, randn(2, 2, 8, 8)).assert_ok(TOL)
 
 
 def test_whole_model_gradients_other_shape(backend):
     """7 tokens (6 patches + cls), 3 heads, non-square patch grid impossible, so
     image 12 with patch 4 (9 patches, 10 tokens), odd embed_dim per head."""
     config = dict(image_size=12, patch_size=4, in_channels=1, num_classes=4, embed_dim=9, depth=1, num_heads=3, mlp_ratio=1.5)
-    model = jittered(ViT(**config))
-    gradient_check(model, images(2, 1, 12, 12)).assert_ok(TOL)
+    model = jitter(ViT(**config))
+    gradient_check(model, randn(2, 1, 12, 12)).assert_ok(TOL)
 
 
 def test_whole_model_gradients_with_dropout(backend):
-    model = jittered(ViT(**TINY, dropout=0.1, attn_dropout=0.1))
+    model = jitter(ViT(**TINY, dropout=0.1, attn_dropout=0.1))
     model.train()
-    gradient_check(model, images(2, 2, 8, 8), before_forward=lambda: model.seed_dropout(123)).assert_ok(TOL)
+    gradient_check(model, randn(2, 2, 8, 8), before_forward=lambda: model.seed_dropout(123)).assert_ok(TOL)
 
 
 def test_dropout_changes_training_output_not_eval_output():
     model = ViT(**TINY, dropout=0.2, attn_dropout=0.2)
-    x = images(2, 2, 8, 8).astype(np.float32)
+    x = randn(2, 2, 8, 8).astype(np.float32)
     train_a, train_b = B.to_host(model.forward(x)), B.to_host(model.forward(x))
     assert not np.array_equal(train_a, train_b)
     model.eval()

@@ -15,6 +15,7 @@ torch = pytest.importorskip("torch")
 sys.path.insert(0, os.path.dirname(__file__))
 from torch_reference import torch_vit_from  # noqa: E402
 
+from conftest import jitter  # noqa: E402
 from tinyvit import backend as B  # noqa: E402
 from tinyvit.loss import SoftmaxCrossEntropy  # noqa: E402
 from tinyvit.model import ViT  # noqa: E402
@@ -41,10 +42,7 @@ def tiny_vit(pool, dtype="float64", scale=0.2):
     """The model, its parameters jittered so LayerNorm gammas are not 1 and biases
     not 0 (and attention is far from uniform)."""
     with B.default_dtype(dtype):
-        model = ViT(**CONFIG, pool=pool, seed=0)
-    for i, p in enumerate(model.parameters()):
-        p.data[...] += B.to_device(B.host_rng((1, i)).standard_normal(p.shape)) * scale
-    return model
+        return jitter(ViT(**CONFIG, pool=pool, seed=0), scale)
 
 
 def batch(seed=0, dtype=np.float64):
@@ -56,7 +54,7 @@ def rel_err(ours, theirs):
 
 
 @pytest.mark.parametrize("pool", ["cls", "mean"])
-def test_logits_loss_and_every_gradient_match_torch(pool):
+def test_logits_loss_and_every_gradient_match_torch(tier, pool):
     model = tiny_vit(pool)
     reference = torch_vit_from(model)
     x = batch()
@@ -91,7 +89,7 @@ def test_logits_loss_and_every_gradient_match_torch(pool):
 
 
 @pytest.mark.parametrize("pool", ["cls", "mean"])
-def test_training_loss_curve_matches_torch(pool):
+def test_training_loss_curve_matches_torch(tier, pool):
     """10 AdamW steps on both, a new batch each step; torch's param groups put
     weight decay on the Linear (and patch Conv2d) weights only, as tinyvit's
     ``decay`` flags do."""
@@ -133,7 +131,7 @@ def test_training_loss_curve_matches_torch(pool):
         np.testing.assert_allclose(state[name], p.detach().numpy(), rtol=0, atol=1e-9, err_msg=name)
 
 
-def test_float32_logits_match_torch_float32():
+def test_float32_logits_match_torch_float32(tier):
     """The float64 model cast to float32 (a seed draws other weights in float32)."""
     model64 = tiny_vit("cls")
     x = batch(dtype=np.float32)

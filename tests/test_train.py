@@ -15,7 +15,7 @@ import pytest
 from PIL import Image
 
 import train_mnist
-from test_data import MNIST_FILES, patch_info, sha256, write_idx
+from conftest import MNIST_FILES, TINY_MODEL, patch_info, sha256, stripe_images, tiny_config, write_idx
 from tinyvit import backend as B
 from tinyvit.checkpoint import CheckpointError, load_checkpoint
 from tinyvit.data import DatasetError
@@ -24,41 +24,6 @@ from tinyvit.parallel import auto_workers
 from tinyvit.train import TrainConfig, fit, load_trained, predict
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-TINY_MODEL = {"embed_dim": 16, "depth": 1, "num_heads": 2}
-
-
-def stripe_images(labels, seed):
-    """(N, 28, 28) uint8: noise, plus in every 7x7 patch a bright column ``label % 7``
-    (and a bright row 0 for labels 7-9), so every patch token tells the class."""
-    rng = np.random.default_rng(seed)
-    images = rng.integers(0, 60, size=(len(labels), 28, 28))
-    for i, k in enumerate(labels):
-        images[i, :, int(k) % 7 :: 7] = 255
-        if k >= 7:
-            images[i, ::7, :] = 255
-    return images.astype(np.uint8)
-
-
-@pytest.fixture
-def stripes(tmp_path, monkeypatch):
-    """A synthetic dataset in MNIST's official file layout, registered as 'mnist'."""
-    folder = tmp_path / "data" / "mnist"
-    for split, n, seed in (("train", 320, 0), ("test", 100, 1)):
-        labels = np.random.default_rng(seed).integers(0, 10, n)
-        images_file, labels_file = MNIST_FILES[split]
-        write_idx(folder / images_file, stripe_images(labels, seed), 2051)
-        write_idx(folder / labels_file, labels, 2049)
-    patch_info(monkeypatch, "mnist", sha256={f.name: sha256(f) for f in folder.iterdir()})
-    monkeypatch.setenv("TINYVIT_CACHE", str(tmp_path / "cache"))
-    return folder.parent
-
-
-def tiny_config(data_dir, out_dir, **changes):
-    return TrainConfig(**{
-        "data_dir": str(data_dir), "out_dir": str(out_dir), "model_overrides": TINY_MODEL,
-        "epochs": 2, "batch_size": 32, "eval_batch_size": 50, "log_every": 3, "lr": 1e-2,
-        "warmup_epochs": 0.5, "max_shift": 0, **changes,
-    })
 
 
 def final_weights(out_dir):

@@ -2,6 +2,7 @@
 backward pass written by hand."""
 
 from .backend import get_backend, set_backend
+from .fast import use_fast, use_reference
 from .gradcheck import gradient_check
 from .loss import SoftmaxCrossEntropy
 from .model import PRESETS, ViT, ViTConfig, create_model
@@ -15,4 +16,6 @@ __all__ = [
     "get_backend",
     "gradient_check",
     "set_backend",
+    "use_fast",
+    "use_reference",
 ]

@@ -613,6 +613,15 @@ def _download_one(url, target, algorithm, expected):
 # --------------------------------------------------------------------------- batches
 
 
+def normalize(x, mean, std):
+    """(x - mean) / std per channel, the input the models see: x (B, C, H, W) floats
+    in [0, 1] on the active backend; mean, std C values each (``dataset_info``)."""
+    shape = (1, len(mean), 1, 1)
+    mean = to_device(np.asarray(mean).reshape(shape), dtype=x.dtype)
+    std = to_device(np.asarray(std).reshape(shape), dtype=x.dtype)
+    return (x - mean) / std
+
+
 class Batches:
     """Normalized mini-batches on the active backend, reproducible per (seed, epoch).
 
@@ -653,10 +662,7 @@ class Batches:
         self.batch_size, self.shuffle, self.drop_last = batch_size, shuffle, drop_last
         self.seed, self.augment = seed, augment
         self.dtype = backend.get_default_dtype()
-        mean = np.asarray(mean, dtype=np.float64).reshape(1, channels, 1, 1)
-        std = np.asarray(std, dtype=np.float64).reshape(1, channels, 1, 1)
-        self._scale = to_device(1 / std, dtype=self.dtype)  # (1, C, 1, 1)
-        self._shift = to_device(-mean / std, dtype=self.dtype)  # (1, C, 1, 1)
+        self.mean, self.std = mean, std
 
     def __len__(self):
         n = len(self.labels)
@@ -683,4 +689,4 @@ class Batches:
             x *= 1 / 255
             if self.augment is not None:
                 x = self.augment(x, backend.rng((self.seed, epoch, b)))
-            yield x * self._scale + self._shift, self.labels[index]
+            yield normalize(x, self.mean, self.std), self.labels[index]

@@ -39,6 +39,7 @@ import numpy as np  # host-side analysis and pictures only
 from . import plot
 from .backend import set_backend, to_device, to_host, xp
 from .data import DatasetError, dataset_info
+from .functional import softmax
 from .train import load_image, load_trained, make_batches
 
 PICTURES = ("filters.png", "pos_embed_similarity.png", "attention_distance.png", "attention_maps.png")
@@ -324,7 +325,7 @@ def plot_attention_maps(model, images, path, class_names=None):
         class_names: if given, the input's caption is the prediction and its probability.
     """
     with _inspection_mode(model):
-        logits = to_host(model.forward(to_device(images)))  # (B, K)
+        probs = to_host(softmax(model.forward(to_device(images))))  # (B, K)
         rollout = attention_rollout(model.attention_maps(), model.config.pool)  # (B, G, G)
         heads = last_layer_attention(model)  # (B, H, G, G)
     depth, num_heads = len(model.blocks), heads.shape[1]
@@ -333,7 +334,7 @@ def plot_attention_maps(model, images, path, class_names=None):
     for b, image in enumerate(to_host(images)):
         base = _repeat_pixels(_channels_last(image.astype(np.float64)), factor)
         tiles += [base, plot.overlay(base, rollout[b], alpha=0.6)]
-        titles += [_input_caption(logits[b], class_names), "rollout"]
+        titles += [_input_caption(probs[b], class_names), "rollout"]
         for h in range(num_heads):
             tiles.append(plot.overlay(base, heads[b, h], alpha=0.6))
             titles.append(f"head {h + 1}  {heads[b, h].sum():.0%}")
@@ -344,11 +345,9 @@ def plot_attention_maps(model, images, path, class_names=None):
     )
 
 
-def _input_caption(logits, class_names):
+def _input_caption(probs, class_names):
     if class_names is None:
         return "input"
-    probs = np.exp(logits - logits.max())
-    probs /= probs.sum()
     k = int(probs.argmax())
     return f"pred {class_names[k]} {probs[k]:.0%}"
 
@@ -419,7 +418,7 @@ def main(argv=None):
         sys.exit(f"inspect: {e}")
     if args.data_dir:
         config = dataclasses.replace(config, data_dir=args.data_dir)
-    given = np.concatenate(given) if given else None
+    given = xp.concatenate(given) if given else None
     test = _test_images(config, max(args.num_images, args.num_maps))
     if given is None and test is None:
         sys.exit("inspect: no images to look at: give --image FILE or --data-dir with the test set")

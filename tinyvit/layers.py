@@ -1,219 +1,22 @@
-"""The layers of a Vision Transformer, each with a hand-written forward and backward.
+"""The layers of a Vision Transformer, each in its plainest correct form: the
+reference tier.
 
-Contract (CS231n's, as classes):
-- ``forward(x)`` computes the output and keeps in ``self.cache`` exactly what
-  ``backward`` needs, and nothing more;
-- ``backward(dout)`` takes that cache on its first line (each forward serves one
-  backward: taking it clears it, so a backward may overwrite what it cached
-  instead of allocating), returns ``dx`` and *accumulates* (``+=``) its parameter
-  gradients into ``param.grad``; one ``zero_grad()`` resets them. Residual
-  branches therefore add up by themselves.
+Each layer is a class with ``forward`` and ``backward`` (the contract is in
+``tinyvit/module.py``); each backward walks its forward in reverse and derives
+its math in its docstring. This is the code to read: the fast tier
+(``tinyvit/fast/``) computes the same functions faster and is tested equal to
+this one.
 
 Shape legend: B batch, N tokens (patches, plus 1 for the class token), D embed_dim,
-H num_heads, Dh = D // H head dim, C channels, P patch_size, K classes.
+H num_heads, Dh = D // H head dim, C channels, P patch_size, M rows of a Linear.
 """
 
 import math
 
-from .backend import get_default_dtype, host_rng, on_cpu, to_device, xp
-
-
-class Parameter:
-    """A trainable array and the gradient accumulated into it.
-
-    ``decay`` says whether AdamW's weight decay applies (weights of Linear layers
-    only; not biases, norms, cls_token or pos_embed).
-    """
-
-    def __init__(self, data, decay=False):
-        self.data = data
-        self.grad = xp.zeros_like(data)
-        self.decay = decay
-
-    @property
-    def shape(self):
-        return self.data.shape
-
-
-class Module:
-    """Base class: parameter bookkeeping, train/eval mode, and the cache contract.
-
-    Parameters and sub-modules are found by walking the instance's attributes in
-    the order they were set (lists of modules are walked as ``name.0``, ``name.1``,
-    ...), so a model's parameter names are its attribute paths, as in PyTorch.
-    """
-
-    def __init__(self):
-        self.training = True
-        self.cache = None
-        self._flat = None
-
-    def __call__(self, *args):
-        return self.forward(*args)
-
-    def forward(self, x):
-        raise NotImplementedError
-
-    def backward(self, dout):
-        raise NotImplementedError
-
-    def _take_cache(self):
-        """The cache of the last forward, cleared here: a backward may overwrite
-        it in place. A clear error if there is none (layers keep no cache in
-        eval mode: inference needs no backward)."""
-        cache, self.cache = self.cache, None
-        if cache is None:
-            raise RuntimeError(
-                f"{type(self).__name__}.backward called without a forward before it "
-                "(each training-mode forward serves one backward; eval mode keeps no cache)"
-            )
-        return cache
-
-    # -- walking the tree ----------------------------------------------------
-
-    def named_children(self):
-        for name, value in vars(self).items():
-            if isinstance(value, Module):
-                yield name, value
-            elif isinstance(value, list):
-                for i, item in enumerate(value):
-                    if isinstance(item, Module):
-                        yield f"{name}.{i}", item
-
-    def named_modules(self, prefix="", _seen=None):
-        """Every module once, under its first path (a module shared by two parents
-        — norm1 inside a Residual branch and the Block — keeps the Block's name)."""
-        _seen = set() if _seen is None else _seen
-        if id(self) in _seen:
-            return
-        _seen.add(id(self))
-        yield prefix, self
-        for name, child in self.named_children():
-            yield from child.named_modules(f"{prefix}.{name}" if prefix else name, _seen)
-
-    def named_parameters(self):
-        for module_name, module in self.named_modules():
-            for name, value in vars(module).items():
-                if isinstance(value, Parameter):
-                    yield (f"{module_name}.{name}" if module_name else name), value
-
-    def parameters(self):
-        return [p for _, p in self.named_parameters()]
-
-    def num_parameters(self):
-        return sum(p.data.size for p in self.parameters())
-
-    # -- modes and gradients -------------------------------------------------
-
-    def train(self, mode=True):
-        for _, module in self.named_modules():
-            module.training = mode
-        return self
-
-    def eval(self):
-        return self.train(False)
-
-    def zero_grad(self):
-        if self._flat is not None:
-            self._flat[1].fill(0)
-        else:
-            for p in self.parameters():
-                p.grad.fill(0)
-
-    def astype(self, dtype):
-        """Convert every parameter (and its gradient) to ``dtype``, in place."""
-        for p in self.parameters():
-            p.data = p.data.astype(dtype)
-            p.grad = p.grad.astype(dtype)
-        self._flat = None
-        return self
-
-    def flat_parameters(self):
-        """All parameters as views into one contiguous buffer, gradients into another.
-
-        Returns ``(data, grad, decay)``: 1-D arrays of the total parameter count;
-        ``decay`` is 1 where weight decay applies. Optimizers update these in a
-        few whole-buffer operations instead of a loop over tensors. Packing
-        re-points every ``Parameter.data`` and ``.grad`` to a view of the buffers.
-        """
-        if self._flat is None:
-            params = self.parameters()
-            dtype = params[0].data.dtype
-            total = sum(p.data.size for p in params)
-            data = xp.empty(total, dtype=dtype)
-            grad = xp.empty(total, dtype=dtype)
-            decay = xp.empty(total, dtype=dtype)
-            offset = 0
-            for p in params:
-                end = offset + p.data.size
-                data[offset:end] = p.data.ravel()
-                grad[offset:end] = p.grad.ravel()
-                decay[offset:end] = 1.0 if p.decay else 0.0
-                p.data = data[offset:end].reshape(p.data.shape)
-                p.grad = grad[offset:end].reshape(p.grad.shape)
-                offset = end
-            self._flat = (data, grad, decay)
-        return self._flat
-
-
-def trunc_normal(rng, shape, std=0.02, dtype=None):
-    """Normal(0, std) values redrawn until inside [-2 std, 2 std] (timm's init).
-
-    ``rng`` is a host generator (``backend.host_rng``): initial weights are drawn
-    on the host, so a seed gives the same model on NumPy and on CuPy.
-    """
-    dtype = dtype or get_default_dtype()
-    values = rng.standard_normal(shape, dtype=dtype)
-    flat = values.reshape(-1)
-    redraw = (abs(flat) > 2).nonzero()[0]
-    while redraw.size:
-        flat[redraw] = rng.standard_normal(redraw.size, dtype=dtype)
-        redraw = redraw[abs(flat[redraw]) > 2]
-    return to_device(values * dtype(std))
-
-
-def _check_float(x, layer):
-    if not xp.issubdtype(x.dtype, xp.floating):
-        raise ValueError(f"{layer}: expected a float array, got dtype {x.dtype}")
-
-
-BLOCK_ELEMENTS = 1 << 16  # 64K floats: few NumPy calls per block, its temporaries still in cache
-
-
-def row_blocks(a):
-    """Slices of rows of a 2-D array, each about BLOCK_ELEMENTS values, for
-    elementwise formulas of many steps: on the CPU, running every step on one
-    cache-sized block before the next block reads each value from memory once
-    instead of once per step. A GPU gets one slice: the whole array.
-    """
-    rows = a.shape[0]
-    step = max(1, BLOCK_ELEMENTS // max(1, a.shape[1])) if on_cpu() else rows
-    return [slice(start, start + step) for start in range(0, rows, step)]
-
-
-def row_sum(a, b=None):
-    """sum over the last axis of a (or of a * b), kept as a length-1 axis: (..., D) -> (..., 1).
-
-    einsum does these reductions in one pass, without the temporary a * b, and
-    in NumPy runs them 2-3x faster than ``a.sum(axis=-1)``."""
-    total = xp.einsum("...i->...", a) if b is None else xp.einsum("...i,...i->...", a, b)
-    return total[..., None]
-
-
-def column_sum(a, b=None):
-    """sum of a (or of a * b) over every axis but the last: (..., D) -> (D,).
-
-    On the CPU einsum sums in one pass. On a GPU, CuPy sums down the columns
-    with a reduction whose D sums each read a strided column, slowly; there the
-    sum is ones^T a instead, a matrix-vector product that reads whole rows."""
-    a = a.reshape(-1, a.shape[-1])
-    b = None if b is None else b.reshape(-1, b.shape[-1])
-    if on_cpu():
-        return xp.einsum("ij->j", a) if b is None else xp.einsum("ij,ij->j", a, b)
-    if b is not None:
-        a = a * b  # (M, D)
-    return xp.ones(a.shape[0], dtype=a.dtype) @ a
-
+from .backend import get_default_dtype, host_rng, to_device, xp
+from .checks import check_float
+from .functional import normal_cdf, normal_pdf, softmax
+from .module import Module, Parameter, Sequential, trunc_normal
 
 # ---------------------------------------------------------------------------
 # Linear
@@ -235,16 +38,18 @@ class Linear(Module):
         self.weight = Parameter(weight, decay=True)
         self.bias = Parameter(xp.zeros(out_features, dtype=dtype)) if bias else None
 
-    def forward(self, x):
-        # (..., in) -> (M, in) with M the product of the leading axes
+    def check_input(self, x):
         if x.shape[-1] != self.in_features:
             raise ValueError(
                 f"Linear: expected last axis {self.in_features}, got input of shape {x.shape}"
             )
-        x2 = x.reshape(-1, self.in_features)
+
+    def forward(self, x):
+        self.check_input(x)
+        x2 = x.reshape(-1, self.in_features)  # (M, in), M the product of the leading axes
         y = x2 @ self.weight.data.T  # (M, out)
         if self.bias is not None:
-            y += self.bias.data
+            y = y + self.bias.data
         self.cache = x2 if self.training else None
         return y.reshape(*x.shape[:-1], self.out_features)
 
@@ -258,7 +63,7 @@ class Linear(Module):
         dout2 = dout.reshape(-1, self.out_features)  # (M, out)
         self.weight.grad += dout2.T @ x2
         if self.bias is not None:
-            self.bias.grad += column_sum(dout2)
+            self.bias.grad += dout2.sum(axis=0)
         dx = dout2 @ self.weight.data  # (M, in)
         return dx.reshape(*dout.shape[:-1], self.in_features)
 
@@ -285,9 +90,7 @@ class Patchify(Module):
         B, C, H, W = x.shape
         P = self.patch_size
         if H % P or W % P:
-            raise ValueError(
-                f"Patchify: image size {H}x{W} is not divisible by patch_size {P}"
-            )
+            raise ValueError(f"Patchify: image size {H}x{W} is not divisible by patch_size {P}")
         gh, gw = H // P, W // P
         self.cache = x.shape
         x = x.reshape(B, C, gh, P, gw, P)  # (B, C, gh, P, gw, P)
@@ -344,10 +147,12 @@ class PatchEmbed(Module):
 
 
 class LayerNorm(Module):
-    """y = (x - mean) / sqrt(var + eps) * gamma + beta over the last axis.
+    """y = gamma * (x - mean) / sqrt(var + eps) + beta over the last axis.
 
     eps = 1e-6 as in the ViT paper's reference code. Parameters are named
-    ``weight`` (gamma) and ``bias`` (beta) as in PyTorch.
+    ``weight`` (gamma) and ``bias`` (beta) as in PyTorch. The cache is the
+    normalized input xhat and the reciprocal standard deviation rstd: what the
+    backward reads, no more.
     """
 
     def __init__(self, dim, eps=1e-6, dtype=None):
@@ -358,130 +163,42 @@ class LayerNorm(Module):
         self.bias = Parameter(xp.zeros(dim, dtype=dtype))
 
     def forward(self, x):
-        mean = row_sum(x)
-        mean *= 1.0 / self.dim  # (..., 1)
-        xhat = x - mean  # (..., D), centered; normalized in place below
-        var = row_sum(xhat, xhat)
-        var *= 1.0 / self.dim
-        var += self.eps
-        rstd = xp.sqrt(var, out=var)
-        xp.reciprocal(rstd, out=rstd)  # (..., 1)
-        xhat *= rstd
+        mean = x.mean(axis=-1, keepdims=True)  # (..., 1)
+        var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)  # (..., 1)
+        rstd = 1.0 / xp.sqrt(var + self.eps)  # (..., 1)
+        xhat = (x - mean) * rstd  # (..., D)
         self.cache = (xhat, rstd) if self.training else None
-        # training keeps xhat for the backward; in eval y reuses its memory
-        y = xhat * self.weight.data if self.training else xp.multiply(xhat, self.weight.data, out=xhat)
-        y += self.bias.data
-        return y
+        return self.weight.data * xhat + self.bias.data
 
     def backward(self, dout):
-        """With xhat = (x - mu) * rstd, y = gamma * xhat + beta:
+        """With xhat = (x - mean) * rstd and y = gamma * xhat + beta:
             dgamma = sum over rows of dy * xhat,   dbeta = sum over rows of dy.
-        Let g = dy * gamma (the gradient at xhat). xhat depends on x directly and
-        through mu and rstd; d mu/dx_i = 1/D and d rstd/dx_i = -rstd^3 (x_i - mu)/D,
-        which gives, per row,
+        Let g = dy * gamma, the gradient at xhat. xhat depends on x_i directly and
+        through mean and rstd: d mean/dx_i = 1/D, d rstd/dx_i = -rstd^3 (x_i - mean)/D.
+        Summing the three paths, per row,
             dx = rstd * (g - mean(g) - xhat * mean(g * xhat)).
         """
         xhat, rstd = self._take_cache()
-        D = self.dim
-        self.weight.grad += column_sum(dout, xhat)
-        self.bias.grad += column_sum(dout)
-        g = dout * self.weight.data
-        mean_g = row_sum(g)
-        mean_g *= 1.0 / D
-        mean_gx = row_sum(g, xhat)
-        mean_gx *= 1.0 / D
-        g -= mean_g
-        xhat *= mean_gx  # xhat's last use: scaled in place, no temporary
-        g -= xhat
-        g *= rstd
-        return g
+        self.weight.grad += (dout * xhat).reshape(-1, self.dim).sum(axis=0)
+        self.bias.grad += dout.reshape(-1, self.dim).sum(axis=0)
+        g = dout * self.weight.data  # (..., D)
+        mean_g = g.mean(axis=-1, keepdims=True)  # (..., 1)
+        mean_gx = (g * xhat).mean(axis=-1, keepdims=True)  # (..., 1)
+        return rstd * (g - mean_g - xhat * mean_gx)
 
 
 # ---------------------------------------------------------------------------
 # GELU
 # ---------------------------------------------------------------------------
 
-_SQRT_HALF = 1.0 / math.sqrt(2.0)
-_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
-_TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
-_SERIES_TERMS = 100  # enough for |z| <= 6 to float64 rounding; erf(6) = 1 - 2e-17
-_AS_P = 0.3275911  # Abramowitz & Stegun 7.1.26
-_AS_A = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
-_AS_HALF_A = tuple(0.5 * a for a in _AS_A)
-
-
-def erf(z):
-    """erf(z) in float64, exact to rounding (NumPy has no erf).
-
-    The series with positive terms (Abramowitz & Stegun 7.1.6)
-        erf(z) = 2/sqrt(pi) exp(-z^2) sum_n 2^n z^(2n+1) / (1*3*...*(2n+1)),
-    each term the previous times 2 z^2 / (2n+1). With no cancellation it is exact
-    to rounding; 100 terms reach float64 precision for |z| <= 6, and beyond that
-    erf(z) = sign(z) to float64 precision (z is clipped there).
-    """
-    z = xp.clip(z, -6.0, 6.0)
-    two_z2 = 2.0 * z * z
-    term, total = z.copy(), z.copy()
-    for n in range(1, _SERIES_TERMS):
-        term *= two_z2 / (2 * n + 1)
-        total += term
-    return xp.clip(_TWO_OVER_SQRT_PI * xp.exp(-z * z) * total, -1.0, 1.0)
-
-
-def normal_cdf_and_pdf(x):
-    """(Phi(x), phi(x)): the standard normal CDF and density, which GELU needs.
-
-    phi(x) = exp(-x^2/2) / sqrt(2 pi); Phi(x) = (1 + erf(x / sqrt 2)) / 2. float64
-    uses the exact ``erf`` above; float32 (training) uses ``_abs_and_half_minus_tail``,
-    then Phi(x) = 1/2 + sign(x) (1/2 - Phi(-|x|)).
-    """
-    if x.dtype == xp.float64:
-        return 0.5 * (1.0 + erf(x * _SQRT_HALF)), xp.exp(-0.5 * x * x) * _INV_SQRT_2PI
-    a, w, gauss = _abs_and_half_minus_tail(x)
-    gauss *= _INV_SQRT_2PI
-    return _cdf_from_half_minus_tail(x, w, out=a), gauss
-
-
-def _abs_and_half_minus_tail(x):
-    """(|x|, 1/2 - Phi(-|x|), exp(-x^2/2)) for float32 x, by A&S 7.1.26:
-        Phi(-|x|) = erfc(|x|/sqrt2) / 2 = t (a1 + t (a2 + ... + t a5)) exp(-x^2/2) / 2,
-        t = 1 / (1 + p |x| / sqrt2),
-    absolute error below 1.5e-7 plus float32 rounding (measured below 5e-7; float32
-    spacing near 1 is 6e-8). Multiplies and adds only, in place, no branch per
-    element; the /2 is folded into the coefficients.
-    """
-    a = xp.abs(x)
-    gauss = a * a
-    gauss *= -0.5
-    xp.exp(gauss, out=gauss)  # exp(-x^2/2)
-    t = a * (_AS_P * _SQRT_HALF)
-    t += 1.0
-    xp.divide(1.0, t, out=t)  # t = 1/t (in float32 this ran 1.6x faster than xp.reciprocal)
-    w = t * _AS_HALF_A[-1]  # Horner: w = t (a1/2 + t (a2/2 + ...))
-    for c in reversed(_AS_HALF_A[:-1]):
-        w += c
-        w *= t
-    w *= gauss  # Phi(-|x|)
-    xp.subtract(0.5, w, out=w)
-    return a, w, gauss
-
-
-def _cdf_from_half_minus_tail(x, w, out):
-    """Phi(x) = 1/2 + sign(x) w, w = 1/2 - Phi(-|x|) (Phi(0) = 1/2 as sign(0) = 0),
-    written into ``out`` (which must not be w)."""
-    xp.sign(x, out=out)
-    out *= w
-    out += 0.5
-    return out
+_TANH_C, _TANH_A = math.sqrt(2.0 / math.pi), 0.044715
 
 
 class GELU(Module):
     """y = x * Phi(x), Phi the standard normal CDF (the exact form, as torch.nn.GELU()).
 
-    ``approximate="tanh"`` gives 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
-    In training mode the forward also computes the local derivative dy/dx and
-    caches only that: one array, the same size as caching x, and the backward
-    is one multiply. In eval mode it computes y alone and caches nothing.
+    ``approximate="tanh"`` gives y = x (1 + tanh(c (x + a x^3))) / 2 with
+    c = sqrt(2/pi), a = 0.044715. The cache is the input x.
     """
 
     def __init__(self, approximate="none"):
@@ -491,61 +208,36 @@ class GELU(Module):
         self.approximate = approximate
 
     def forward(self, x):
-        _check_float(x, "GELU")
-        gelu = _gelu_tanh if self.approximate == "tanh" else _gelu_erf
-        x2 = x.reshape(-1, x.shape[-1])  # (M, F)
-        y = xp.empty_like(x2)
-        dydx = xp.empty_like(x2) if self.training else None
-        for rows in row_blocks(x2):
-            gelu(x2[rows], y[rows], None if dydx is None else dydx[rows])
-        self.cache = dydx
-        return y.reshape(x.shape)
+        check_float(x, "GELU")
+        self.cache = x if self.training else None
+        if self.approximate == "tanh":
+            return 0.5 * x * (1.0 + xp.tanh(_TANH_C * (x + _TANH_A * x**3)))
+        return x * normal_cdf(x)
 
     def backward(self, dout):
-        """Elementwise, so dx = dy * y'(x), with y'(x) cached by the forward:
-            exact: y = x Phi(x)  =>  y' = Phi(x) + x phi(x),
-                   phi(x) = exp(-x^2/2) / sqrt(2 pi) = Phi'(x);
+        """Elementwise, so dx = dy * y'(x):
+            exact: y = x Phi(x)  =>  y' = Phi(x) + x phi(x),  phi = Phi' the density;
             tanh:  y = x (1 + t) / 2, t = tanh(u), u = c (x + a x^3)
-                   =>  y' = (1 + t)/2 + x (1 - t^2) c (1 + 3 a x^2) / 2.
+                   =>  y' = (1 + t) / 2 + x (1 - t^2) c (1 + 3 a x^2) / 2.
         """
-        dydx = self._take_cache().reshape(dout.shape)
-        dydx *= dout  # in place: the cache serves one backward
-        return dydx
+        x = self._take_cache()
+        if self.approximate == "tanh":
+            t = xp.tanh(_TANH_C * (x + _TANH_A * x**3))
+            return dout * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * _TANH_C * (1.0 + 3.0 * _TANH_A * x * x))
+        return dout * (normal_cdf(x) + x * normal_pdf(x))
 
 
-def _gelu_erf(x, y, dydx):
-    """y = x Phi(x) and, unless dydx is None, dydx = Phi(x) + x phi(x), written in place.
+class Tanh(Module):
+    """y = tanh(x); the cache is y, since y' = 1 - tanh(x)^2 = 1 - y^2."""
 
-    float32 takes fewer passes over memory: with a = |x| and w = 1/2 - Phi(-a),
-        x Phi(x) = x/2 + a w     (x >= 0: x - x Phi(-x);  x < 0: x Phi(x))
-    and Phi(x) itself is needed only for the derivative.
-    """
-    if x.dtype == xp.float64:
-        cdf, pdf = normal_cdf_and_pdf(x)
-        xp.multiply(x, cdf, out=y)
-        if dydx is not None:
-            pdf *= x
-            xp.add(pdf, cdf, out=dydx)
-        return
-    a, w, gauss = _abs_and_half_minus_tail(x)
-    xp.multiply(x, 0.5, out=y)
-    a *= w
-    y += a
-    if dydx is not None:
-        _cdf_from_half_minus_tail(x, w, out=dydx)
-        gauss *= x
-        gauss *= _INV_SQRT_2PI  # x phi(x)
-        dydx += gauss
+    def forward(self, x):
+        y = xp.tanh(x)
+        self.cache = y if self.training else None
+        return y
 
-
-def _gelu_tanh(x, y, dydx):
-    """The tanh approximation and its derivative, written in place."""
-    c, a = math.sqrt(2.0 / math.pi), 0.044715
-    x2 = x * x
-    t = xp.tanh(c * x * (1.0 + a * x2))
-    xp.multiply(0.5 * x, 1.0 + t, out=y)
-    if dydx is not None:
-        xp.add(0.5 * (1.0 + t), 0.5 * x * (1.0 - t * t) * c * (1.0 + 3.0 * a * x2), out=dydx)
+    def backward(self, dout):
+        y = self._take_cache()
+        return dout * (1.0 - y * y)
 
 
 # ---------------------------------------------------------------------------
@@ -593,24 +285,18 @@ class Dropout(Module):
 # ---------------------------------------------------------------------------
 
 
-def softmax(scores):
-    """Softmax over the last axis, computed in place in ``scores`` and returned.
+def split_heads(qkv, num_heads):
+    """(B, N, 3D) -> q, k, v, each (B, H, N, Dh): the fused projection's output
+    stacked q, k, v along the last axis, each split into H heads."""
+    B, N, D3 = qkv.shape
+    Dh = D3 // (3 * num_heads)
+    return qkv.reshape(B, N, 3, num_heads, Dh).transpose(2, 0, 3, 1, 4)
 
-    softmax(s) = exp(s - c) / sum exp(s - c) for any constant c per row. The
-    usual c, the row's max, keeps every exp in (0, 1]; one global c = max(s) is
-    just as safe whenever all scores lie within 80 of it (exp(-80) ~ 2e-35 is
-    still a normal float32, so no row underflows to zeros), and on the CPU one
-    reduction over the array costs far less than one per short row. The check
-    needs the value on the host, so on a GPU the row max is always used.
-    """
-    top = scores.max()
-    if on_cpu() and float(top - scores.min()) < 80.0:
-        scores -= top
-    else:
-        scores -= scores.max(axis=-1, keepdims=True)
-    xp.exp(scores, out=scores)
-    scores /= row_sum(scores)
-    return scores
+
+def merge_heads(ctx):
+    """(B, H, N, Dh) -> (B, N, H*Dh): the heads side by side again."""
+    B, H, N, Dh = ctx.shape
+    return ctx.transpose(0, 2, 1, 3).reshape(B, N, H * Dh)
 
 
 class Attention(Module):
@@ -618,21 +304,16 @@ class Attention(Module):
 
     qkv = x W_qkv^T + b (one Linear(D, 3D), q, k, v stacked in that order), split
     into H heads; A = softmax(q k^T / sqrt(Dh)) per head; attention dropout on A;
-    out = A v, heads concatenated, then the output projection. All heads run in
+    ctx = A v, heads concatenated, then the output projection. All heads run in
     single batched matmuls over (B, H). With ``keep_attn`` set, ``self.attn`` keeps
     the attention weights of the last forward (before dropout) for inspection;
-    off by default, as in inference they would outlive the forward (L * B*H*N^2 values).
-
-    ``queries = Q`` computes the output of the first Q tokens only, (B, N, D) ->
-    (B, Q, D): those tokens still attend to all N keys and values, but the other
-    rows of q, of the attention weights and of the output are never formed. The
-    ViT's last block under class-token pooling uses Q = 1 (only the class token's
-    output reaches the head). Keeping the maps for inspection computes all rows.
+    off by default, as in inference they would outlive the forward (B*H*N^2 values
+    per block).
     """
 
-    def __init__(self, dim, num_heads, qkv_bias=True, attn_dropout=0.0, proj_dropout=0.0, rng=None, dtype=None,
-                 queries=None):
-        """``rng``: host generator for the initial weights; ``queries``: see above (None: all tokens)."""
+    def __init__(self, dim, num_heads, qkv_bias=True, attn_dropout=0.0, proj_dropout=0.0,
+                 rng=None, dtype=None):
+        """``rng``: host generator for the initial weights."""
         super().__init__()
         if num_heads < 1 or dim % num_heads:
             raise ValueError(f"Attention: embed_dim {dim} is not divisible by num_heads {num_heads}")
@@ -643,60 +324,86 @@ class Attention(Module):
         self.proj = Linear(dim, dim, rng=rng, dtype=dtype)
         self.proj_drop = Dropout(proj_dropout)
         self.keep_attn, self.attn = False, None
-        self.queries = queries
-
-    def query_rows(self, N):
-        """How many of N tokens the forward computes outputs for: ``queries``, or
-        all N when it is None or the maps are kept for inspection."""
-        return N if self.queries is None or self.keep_attn else min(self.queries, N)
 
     def forward(self, x):
-        B, N, D = x.shape
-        H, Dh = self.num_heads, self.head_dim
-        Q = self.query_rows(N)
-        qkv = self.qkv.forward(x)  # (B, N, 3D)
-        q, k, v = qkv.reshape(B, N, 3, H, Dh).transpose(2, 0, 3, 1, 4)  # each (B, H, N, Dh)
-        q = q[:, :, :Q] * self.scale  # (B, H, Q, Dh); scaling q (Q*Dh values) is cheaper than the scores (Q*N)
-        # k^T copied into its own memory, freed right after the matmul: k is a strided
-        # view into qkv, and the batched matmul by a contiguous k^T ran 1.1-1.3x
-        # faster, copy included
-        attn = softmax(q @ xp.ascontiguousarray(k.transpose(0, 1, 3, 2)))  # (B, H, Q, N)
-        self.attn = attn if self.keep_attn else None
-        attn_d = self.attn_drop.forward(attn)
-        ctx = attn_d @ v  # (B, H, Q, Dh)
-        self.cache = (q, k, v, attn, attn_d) if self.training else None
-        del qkv, q, k, v, attn, attn_d  # in eval nothing else holds them: freed here, not at return
-        ctx = ctx.transpose(0, 2, 1, 3).reshape(B, Q, D)  # (B, Q, H*Dh)
-        return self.proj_drop.forward(self.proj.forward(ctx))
+        q, k, v = split_heads(self.qkv.forward(x), self.num_heads)  # each (B, H, N, Dh)
+        ctx = self.attend(q, k, v)  # (B, H, N, Dh)
+        return self.proj_drop.forward(self.proj.forward(merge_heads(ctx)))  # (B, N, D)
 
     def backward(self, dout):
-        """Walks the forward in reverse. With qs = q / sqrt(Dh), S = qs k^T,
-        A = softmax(S), Ad = dropout(A), ctx = Ad v:
-            dAd = dctx v^T,  dv = Ad^T dctx                      (matmul rule)
-            dA = dropout backward of dAd (the same mask)
-            softmax, row by row: dA/dS = diag(A) - A A^T, applied without forming it:
-                dS = A * (dA - sum_j dA_j A_j)                   (one row reduction)
-            dqs = dS k,  dq = dqs / sqrt(Dh),  dk = dS^T qs
-        and dq, dk, dv are stacked back into the fused qkv layout. With Q < N
-        queries, q has Q rows: the rows of dq past Q are 0 (those q rows were
-        never used), while dk and dv still get every token's row.
+        dctx = self.proj.backward(self.proj_drop.backward(dout))  # (B, N, D)
+        dq, dk, dv = self.attend_backward(split_heads_grad(dctx, self.num_heads))
+        return self.qkv.backward(merge_qkv_grads(dq, dk, dv))  # (B, N, D)
+
+    def attend(self, q, k, v):
+        """The heads' attention: q (B, H, Q, Dh) attends to k, v (B, H, N, Dh).
+            S = q k^T / sqrt(Dh)   (B, H, Q, N)
+            A = softmax(S)         over the keys, row by row
+            Ad = dropout(A)
+            ctx = Ad v             (B, H, Q, Dh)
         """
-        q, k, v, attn, attn_d = self._take_cache()
-        B, H, Q, Dh = q.shape
-        N = k.shape[2]
-        dctx = self.proj.backward(self.proj_drop.backward(dout))  # (B, Q, D)
-        dctx = dctx.reshape(B, Q, H, Dh).transpose(0, 2, 1, 3)  # (B, H, Q, Dh)
-        dqkv = xp.empty((3, B, H, N, Dh), dtype=dout.dtype)
-        dattn = dctx @ v.transpose(0, 1, 3, 2)  # (B, H, Q, N)
-        xp.matmul(attn_d.transpose(0, 1, 3, 2), dctx, out=dqkv[2])  # dv
-        dscores = self.attn_drop.backward(dattn)
-        dscores -= row_sum(dscores, attn)
-        dscores *= attn
-        xp.multiply(dscores @ k, self.scale, out=dqkv[0, :, :, :Q])  # dq
-        dqkv[0, :, :, Q:] = 0
-        xp.matmul(dscores.transpose(0, 1, 3, 2), q, out=dqkv[1])  # dk
-        dqkv = dqkv.transpose(1, 3, 0, 2, 4).reshape(B, N, 3 * H * Dh)  # (B, N, 3D)
-        return self.qkv.backward(dqkv)
+        A = softmax(q @ k.transpose(0, 1, 3, 2) * self.scale)  # (B, H, Q, N)
+        self.attn = A if self.keep_attn else None
+        Ad = self.attn_drop.forward(A)
+        self.cache = (q, k, v, A, Ad) if self.training else None
+        return Ad @ v  # (B, H, Q, Dh)
+
+    def attend_backward(self, dctx):
+        """``attend`` in reverse:
+            dAd = dctx v^T,  dv = Ad^T dctx                       (matmul rule)
+            dA = dropout's backward of dAd (the same mask)
+            softmax, row by row: dA/dS = diag(A) - A A^T, applied without forming it:
+                dS = A * (dA - sum_j dA_j A_j)
+            dq = dS k / sqrt(Dh),  dk = dS^T q / sqrt(Dh)
+        """
+        q, k, v, A, Ad = self._take_cache()
+        dAd = dctx @ v.transpose(0, 1, 3, 2)  # (B, H, Q, N)
+        dv = Ad.transpose(0, 1, 3, 2) @ dctx  # (B, H, N, Dh)
+        dA = self.attn_drop.backward(dAd)
+        dS = A * (dA - (dA * A).sum(axis=-1, keepdims=True))  # (B, H, Q, N)
+        dq = dS @ k * self.scale  # (B, H, Q, Dh)
+        dk = dS.transpose(0, 1, 3, 2) @ q * self.scale  # (B, H, N, Dh)
+        return dq, dk, dv
+
+
+def split_heads_grad(dctx, num_heads):
+    """The inverse of ``merge_heads``: (B, N, H*Dh) -> (B, H, N, Dh)."""
+    B, N, D = dctx.shape
+    return dctx.reshape(B, N, num_heads, D // num_heads).transpose(0, 2, 1, 3)
+
+
+def merge_qkv_grads(dq, dk, dv):
+    """The inverse of ``split_heads``: dq, dk, dv (B, H, N, Dh) -> dqkv (B, N, 3D)."""
+    B, H, N, Dh = dk.shape
+    return xp.stack([dq, dk, dv]).transpose(1, 3, 0, 2, 4).reshape(B, N, 3 * H * Dh)
+
+
+class ClassAttention(Attention):
+    """Attention that computes the output of the class token (token 0) alone:
+    (B, N, D) -> (B, 1, D). Its query attends to all N keys and values, as in
+    ``Attention``; the other tokens' queries, attention rows and outputs are never
+    formed (CaiT's "class attention"). The ViT uses it in its last block under
+    class-token pooling, where only the class token's output reaches the head.
+
+    With ``keep_attn`` set, ``self.attn`` holds every token's attention weights
+    (B, H, N, N), computed for inspection; the output is still the class token's.
+    """
+
+    def forward(self, x):
+        q, k, v = split_heads(self.qkv.forward(x), self.num_heads)  # each (B, H, N, Dh)
+        ctx = self.attend(q[:, :, :1], k, v)  # (B, H, 1, Dh)
+        if self.keep_attn:
+            self.attn = softmax(q @ k.transpose(0, 1, 3, 2) * self.scale)  # (B, H, N, N)
+        return self.proj_drop.forward(self.proj.forward(merge_heads(ctx)))  # (B, 1, D)
+
+    def backward(self, dout):
+        """As ``Attention.backward``; the queries of tokens 1..N-1 were not used, so
+        their rows of dq are 0, while every token's k and v rows get a gradient."""
+        dctx = self.proj.backward(self.proj_drop.backward(dout))  # (B, 1, D)
+        dq_cls, dk, dv = self.attend_backward(split_heads_grad(dctx, self.num_heads))
+        dq = xp.zeros_like(dk)  # (B, H, N, Dh)
+        dq[:, :, :1] = dq_cls
+        return self.qkv.backward(merge_qkv_grads(dq, dk, dv))  # (B, N, D)
 
 
 # ---------------------------------------------------------------------------
@@ -704,26 +411,8 @@ class Attention(Module):
 # ---------------------------------------------------------------------------
 
 
-class Sequential(Module):
-    """Layers applied in order; backward applies their backwards in reverse."""
-
-    def __init__(self, *layers):
-        super().__init__()
-        self.layers = list(layers)
-
-    def forward(self, x):
-        for layer in self.layers:
-            x = layer.forward(x)
-        return x
-
-    def backward(self, dout):
-        for layer in reversed(self.layers):
-            dout = layer.backward(dout)
-        return dout
-
-
 class MLP(Sequential):
-    """fc1 (D -> mlp_ratio*D), GELU, dropout, fc2 (-> D), dropout."""
+    """fc1 (D -> hidden), GELU, dropout, fc2 (-> D), dropout."""
 
     def __init__(self, dim, hidden_dim, dropout=0.0, rng=None, dtype=None):
         self.fc1 = Linear(dim, hidden_dim, rng=rng, dtype=dtype)
@@ -735,53 +424,79 @@ class MLP(Sequential):
 
 
 class Residual(Module):
-    """y = x + f(x) for a branch f of layers, over (B, N, D) tokens. A branch that
-    keeps only the first Q tokens (an Attention with ``queries``) gives
-    y = x[:, :Q] + f(x), of shape (B, Q, D)."""
+    """y = x + f(x) for a branch f of layers."""
 
     def __init__(self, *branch):
         super().__init__()
         self.branch = Sequential(*branch)
 
     def forward(self, x):
-        out = self.branch.forward(x)  # (B, Q, D), Q = N unless the branch keeps fewer tokens
-        self.cache = True
-        return x[:, : out.shape[1]] + out
+        return x + self.branch.forward(x)
 
     def backward(self, dout):
         """dy/dx = I + df/dx, so dx = dout + f's backward of dout: the gradient
-        flows through the skip connection unchanged and adds to the branch's.
-        With Q < N tokens kept, the skip carries dout to the first Q rows only."""
-        self._take_cache()
-        dx = self.branch.backward(dout)  # (B, N, D)
-        if dx.shape == dout.shape:
-            return dout + dx
-        dx[:, : dout.shape[1]] += dout  # dx is the branch's new array, larger than dout
-        return dx
+        flows through the skip connection unchanged and adds to the branch's."""
+        return dout + self.branch.backward(dout)
 
 
 class Block(Module):
     """Pre-norm Transformer encoder block (ViT, eqs. 2-3):
         x = x + Attention(LayerNorm(x));  x = x + MLP(LayerNorm(x)).
-    With ``queries = Q`` (see Attention) the block outputs the first Q tokens
-    only: (B, N, D) -> (B, Q, D), and its MLP runs on those Q tokens.
     """
 
-    def __init__(self, dim, num_heads, mlp_ratio=4.0, qkv_bias=True, dropout=0.0, attn_dropout=0.0, rng=None, dtype=None,
-                 queries=None):
+    attention = Attention  # the class of its attention layer
+
+    def __init__(self, dim, num_heads, mlp_ratio=4.0, qkv_bias=True, dropout=0.0, attn_dropout=0.0,
+                 rng=None, dtype=None, eps=1e-6):
         super().__init__()
-        self.norm1 = LayerNorm(dim, dtype=dtype)
-        self.attn = Attention(dim, num_heads, qkv_bias, attn_dropout, dropout, rng=rng, dtype=dtype, queries=queries)
-        self.norm2 = LayerNorm(dim, dtype=dtype)
+        self.norm1 = LayerNorm(dim, eps, dtype=dtype)
+        self.attn = self.attention(dim, num_heads, qkv_bias, attn_dropout, dropout, rng=rng, dtype=dtype)
+        self.norm2 = LayerNorm(dim, eps, dtype=dtype)
         self.mlp = MLP(dim, int(dim * mlp_ratio), dropout, rng=rng, dtype=dtype)
-        self.residuals = [Residual(self.norm1, self.attn), Residual(self.norm2, self.mlp)]
+        self.attn_residual = Residual(self.norm1, self.attn)
+        self.mlp_residual = Residual(self.norm2, self.mlp)
 
     def forward(self, x):
-        for residual in self.residuals:
-            x = residual.forward(x)  # (B, N, D), or (B, Q, D) after the attention with queries = Q
-        return x
+        return self.mlp_residual.forward(self.attn_residual.forward(x))  # (B, N, D)
 
     def backward(self, dout):
-        for residual in reversed(self.residuals):
-            dout = residual.backward(dout)
-        return dout
+        return self.attn_residual.backward(self.mlp_residual.backward(dout))
+
+
+class ClassAttentionBlock(Block):
+    """The encoder block for the class token alone: (B, N, D) -> (B, 1, D).
+
+        cls = x_0 + ClassAttention(LayerNorm(x));  cls = cls + MLP(LayerNorm(cls))
+
+    equals row 0 of ``Block``'s output, with the same parameters and names; the
+    other N - 1 rows are never formed. The ViT's last block under class-token
+    pooling, whose other rows would never reach the head.
+    """
+
+    attention = ClassAttention
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        del self.attn_residual  # its skip adds all N tokens; forward writes out token 0's
+
+    def forward(self, x):
+        cls = x[:, :1] + self.attn.forward(self.norm1.forward(x))  # (B, 1, D)
+        return self.mlp_residual.forward(cls)  # (B, 1, D)
+
+    def backward(self, dout):
+        """The skip carries dcls to token 0 alone; through the keys and values the
+        attention gives every token of x its gradient."""
+        dcls = self.mlp_residual.backward(dout)  # (B, 1, D)
+        dx = self.norm1.backward(self.attn.backward(dcls))  # (B, N, D)
+        dx[:, :1] += dcls
+        return dx
+
+
+class PreLogits(Sequential):
+    """The representation layer of the ViT paper's pre-training head:
+    tanh(fc(x)), fc a Linear(D, R) (timm's ``pre_logits.fc``)."""
+
+    def __init__(self, dim, representation_size, rng=None, dtype=None):
+        self.fc = Linear(dim, representation_size, rng=rng, dtype=dtype)
+        self.act = Tanh()
+        super().__init__(self.fc, self.act)

@@ -2,7 +2,8 @@
 ``loss_and_gradients``: one training-mode forward, loss and backward of a model."""
 
 from .backend import xp
-from .layers import Module
+from .functional import log_softmax
+from .module import Module
 
 
 class SoftmaxCrossEntropy(Module):
@@ -33,9 +34,7 @@ class SoftmaxCrossEntropy(Module):
         self._check_logits(logits)
         B, K = logits.shape
         self.check_target(target, B, K)
-        shifted = logits - logits.max(axis=1, keepdims=True)  # stable: max logit is 0
-        log_sum = xp.log(xp.exp(shifted).sum(axis=1, keepdims=True))
-        log_probs = shifted - log_sum  # (B, K)
+        log_probs = log_softmax(logits)  # (B, K)
         t = self.targets(target, K, logits.dtype)
         self.cache = (log_probs, t)
         return -(t * log_probs).sum() / B

@@ -3,8 +3,8 @@
     images (B, C, H, W)
       -> patch_embed                       (B, N-1, D)   N-1 = (H/P)(W/P) patches
       -> [cls_token; patches] + pos_embed  (B, N, D)
-      -> dropout, depth x Block            (B, N, D)   cls pooling: the last block
-                                                         computes the class token alone, (B, 1, D)
+      -> dropout, depth x Block            (B, N, D)   cls pooling: the last block is a
+                                                         ClassAttentionBlock, (B, 1, D)
       -> pool: class token or mean         (B, D)
       -> norm (LayerNorm), head (Linear)   (B, K)
 
@@ -16,16 +16,9 @@ import dataclasses
 import json
 
 from .backend import get_default_dtype, host_rng, rng as device_rng, to_device, to_host, xp
-from .layers import Block, Dropout, LayerNorm, Linear, Module, Parameter, PatchEmbed, trunc_normal
-
-
-def check_fields(config, names, valid, expected):
-    """A ValueError naming the first field of ``config`` in ``names`` whose value is
-    not ``valid``: "<name> must be <expected>, got <value>"."""
-    for name in names:
-        value = getattr(config, name)
-        if not valid(value):
-            raise ValueError(f"{name} must be {expected}, got {value}")
+from .checks import check_fields
+from .layers import Block, ClassAttentionBlock, Dropout, LayerNorm, Linear, PatchEmbed, PreLogits
+from .module import Module, Parameter, trunc_normal
 
 
 @dataclasses.dataclass
@@ -42,11 +35,15 @@ class ViTConfig:
     dropout: float = 0.0
     attn_dropout: float = 0.0
     pool: str = "cls"
+    norm_eps: float = 1e-6  # LayerNorm's eps: 1e-6 as the paper's code and timm; Hugging Face uses 1e-12
+    representation_size: int = 0  # > 0: a pre-logits layer tanh(Linear(D, R)) before the head
 
     def __post_init__(self):
         check_fields(self, ("image_size", "patch_size", "in_channels", "num_classes", "embed_dim", "depth",
                             "num_heads"), lambda n: n >= 1, "at least 1")
         check_fields(self, ("dropout", "attn_dropout"), lambda p: 0.0 <= p < 1.0, "in [0, 1)")
+        check_fields(self, ("norm_eps",), lambda e: e > 0, "positive")
+        check_fields(self, ("representation_size",), lambda n: n >= 0, "at least 0")
         if int(self.embed_dim * self.mlp_ratio) < 1:
             raise ValueError(
                 f"mlp_ratio {self.mlp_ratio} leaves the MLP no hidden unit at embed_dim {self.embed_dim}"
@@ -68,7 +65,7 @@ class ViTConfig:
 
 
 PRESETS = {
-    # 139,018 parameters: the small MNIST model of ../shared/notes/learning.md
+    # 139,018 parameters: patch 7 (16 tokens), dim 64, depth 4, 4 heads, MLP ratio 2
     "mnist": ViTConfig(),
     "cifar10": ViTConfig(
         image_size=32, patch_size=4, in_channels=3, embed_dim=192, depth=6, num_heads=3
@@ -128,15 +125,18 @@ class ViT(Module):
         self.pos_embed = Parameter(trunc_normal(init, (1, N, D), dtype=dtype))
         self.pos_drop = Dropout(config.dropout)
         # under class-token pooling only the class token's output of the last block
-        # reaches the head: that block computes its row alone (queries=1)
+        # reaches the head: that block computes its row alone
+        last = ClassAttentionBlock if config.pool == "cls" else Block
         self.blocks = [
-            Block(D, config.num_heads, config.mlp_ratio, config.qkv_bias, config.dropout,
-                  config.attn_dropout, rng=init, dtype=dtype,
-                  queries=1 if config.pool == "cls" and i == config.depth - 1 else None)
+            (last if i == config.depth - 1 else Block)(
+                D, config.num_heads, config.mlp_ratio, config.qkv_bias, config.dropout,
+                config.attn_dropout, rng=init, dtype=dtype, eps=config.norm_eps)
             for i in range(config.depth)
         ]
-        self.norm = LayerNorm(D, dtype=dtype)
-        self.head = Linear(D, config.num_classes, rng=init, dtype=dtype)
+        self.norm = LayerNorm(D, eps=config.norm_eps, dtype=dtype)
+        R = config.representation_size
+        self.pre_logits = PreLogits(D, R, rng=init, dtype=dtype) if R else None
+        self.head = Linear(R or D, config.num_classes, rng=init, dtype=dtype)
         self._dropouts = None
         self.seed_dropout(seed)
 
@@ -189,7 +189,10 @@ class ViT(Module):
             pooled = x[:, 0]  # (B, D)
         else:
             pooled = x[:, 1:].mean(axis=1)  # (B, D)
-        return self.head.forward(self.norm.forward(pooled))  # (B, K)
+        features = self.norm.forward(pooled)  # (B, D)
+        if self.pre_logits is not None:
+            features = self.pre_logits.forward(features)  # (B, R)
+        return self.head.forward(features)  # (B, K)
 
     def backward(self, dlogits):
         """Reverse of forward. Pooling: the class token's row gets the gradient
@@ -197,7 +200,10 @@ class ViT(Module):
         and the position embedding are added to every image, so their gradients
         are sums over the batch; the patch rows go back through patch_embed."""
         B, N, D = self._take_cache()
-        dpooled = self.norm.backward(self.head.backward(dlogits))  # (B, D)
+        dfeatures = self.head.backward(dlogits)  # (B, D), or (B, R)
+        if self.pre_logits is not None:
+            dfeatures = self.pre_logits.backward(dfeatures)  # (B, D)
+        dpooled = self.norm.backward(dfeatures)  # (B, D)
         dx = xp.zeros((B, N, D), dtype=dpooled.dtype)
         if self.config.pool == "cls":
             dx[:, 0] = dpooled
@@ -313,7 +319,7 @@ class ViT(Module):
         rows.append(("cls_token + pos_embed", (N, D), (self.cls_token, self.pos_embed)))
         for i, block in enumerate(self.blocks):
             p = f"blocks.{i}"
-            Q = block.attn.query_rows(N)  # rows the block computes after its attention
+            Q = 1 if isinstance(block, ClassAttentionBlock) else N  # rows after its attention
             rows += [
                 (f"{p}.norm1 (LayerNorm)", (N, D), block.norm1),
                 (f"{p}.attn.qkv (Linear)", (N, 3 * D), block.attn.qkv),

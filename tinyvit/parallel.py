@@ -30,7 +30,8 @@ import os
 import signal
 import traceback
 
-from .backend import default_dtype, keep_freed_memory, on_cpu, xp
+from .allocator import keep_freed_memory
+from .backend import default_dtype, on_cpu, xp
 from .loss import SoftmaxCrossEntropy, loss_and_gradients
 from .model import ViT
 

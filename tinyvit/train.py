@@ -24,9 +24,11 @@ from . import augment as aug
 from . import plot
 from .backend import get_backend, host_rng, rng as device_rng, set_backend, to_device, to_host
 from .checkpoint import atomic_write, load_checkpoint, save_checkpoint
-from .data import Batches, DatasetError, dataset_info, load_dataset
+from .data import Batches, DatasetError, dataset_info, load_dataset, normalize
 from .loss import SoftmaxCrossEntropy, loss_and_gradients
-from .model import ViT, check_fields, preset_config
+from .checks import check_fields
+from .functional import softmax
+from .model import ViT, preset_config
 from .optim import SGD, AdamW, clip_grad_norm, warmup_cosine
 from .parallel import DataParallel
 
@@ -382,7 +384,8 @@ def load_trained(path):
 
 
 def load_image(path, config):
-    """An image file (PNG, JPG, any size or mode) as a normalized (1, C, H, W) batch.
+    """An image file (PNG, JPG, any size or mode) as a normalized (1, C, H, W) batch
+    on the active backend.
 
     Converted to the dataset's channels and resized to its image size. MNIST-style
     data is light strokes on a dark background: a grayscale picture whose border
@@ -404,15 +407,11 @@ def load_image(path, config):
         border = np.concatenate([pixels[0, 0, 0], pixels[0, 0, -1], pixels[0, 0, :, 0], pixels[0, 0, :, -1]])
         if border.mean() > 0.5:
             pixels = 1 - pixels
-    mean = np.asarray(info.mean, np.float32).reshape(1, channels, 1, 1)
-    std = np.asarray(info.std, np.float32).reshape(1, channels, 1, 1)
-    return (pixels - mean) / std
+    return normalize(to_device(pixels), info.mean, info.std)
 
 
 def predict(model, config, path, top=3):
     """The ``top`` most likely classes of an image file: [(class name, probability)]."""
-    logits = to_host(model.eval().forward(to_device(load_image(path, config))))[0]
-    probs = np.exp(logits - logits.max())
-    probs /= probs.sum()
+    probs = to_host(softmax(model.eval().forward(load_image(path, config))))[0]  # (K,)
     classes = dataset_info(config.dataset).classes
     return [(classes[i], float(probs[i])) for i in np.argsort(-probs)[:top]]

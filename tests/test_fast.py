@@ -1,0 +1,126 @@
+"""The fast tier against the reference: every kernel registered for the active
+backend gives the reference layer's output, input gradient and parameter
+gradients, in training and in eval mode, at several shapes (odd ones included):
+float64 to 1e-12 and float32 to 1e-5, relative to the largest value. Then the
+fast kernels' own numerics: the float32 GELU's accuracy, its row blocks, the
+one-max softmax.
+"""
+
+import math
+
+import numpy as np
+import pytest
+
+from conftest import jitter, randn
+from tinyvit import backend as B
+from tinyvit import fast, layers
+from tinyvit.fast import cpu
+
+TOLERANCE = {np.float64: 1e-12, np.float32: 1e-5}
+
+# how to build each layer that may have a fast kernel, and its input shapes
+CASES = {
+    layers.Linear: (lambda: layers.Linear(7, 5, rng=B.host_rng(0)), [(3, 7), (2, 9, 7), (1, 7)]),
+    layers.LayerNorm: (lambda: layers.LayerNorm(7), [(3, 7), (2, 9, 7), (1, 1, 7)]),
+    layers.GELU: (lambda: layers.GELU(), [(3, 7), (2, 9, 33), (5, 300, 301)]),
+    layers.Attention: (lambda: layers.Attention(6, 3, rng=B.host_rng(0)), [(2, 5, 6), (1, 17, 6), (3, 1, 6)]),
+    layers.ClassAttention: (lambda: layers.ClassAttention(6, 2, rng=B.host_rng(0)),
+                            [(2, 5, 6), (1, 17, 6), (3, 1, 6)]),
+}
+
+
+def rel_err(ours, reference):
+    ours, reference = B.to_host(ours), B.to_host(reference)
+    scale = np.abs(reference).max()
+    return float(np.abs(ours - reference).max() / scale) if scale else float(np.abs(ours).max())
+
+
+def build(cls, tier_name, dtype):
+    make, _ = CASES[cls]
+    with fast.tier(tier_name):
+        layer = jitter(make())
+    return layer.astype(dtype)
+
+
+def run(layer, x, dout):
+    """Output, input gradient and parameter gradients of one training-mode pass."""
+    layer.zero_grad()
+    y = layer.forward(x)
+    dx = layer.backward(dout)
+    return [y, dx] + [p.grad for p in layer.parameters()]
+
+
+def test_every_kernel_has_a_case(backend):
+    assert set(fast.kernels()) <= set(CASES)
+
+
+def kernel_cases():
+    return [(cls, shape) for cls, (_, shapes) in CASES.items() for shape in shapes]
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("cls, shape", kernel_cases(), ids=lambda c: getattr(c, "__name__", str(c)))
+def test_fast_kernel_equals_reference(backend, cls, shape, dtype):
+    if cls not in fast.kernels():
+        pytest.skip(f"no fast {cls.__name__} on {backend}")
+    reference, kernel = build(cls, "reference", dtype), build(cls, "fast", dtype)
+    assert type(reference) is cls and type(kernel) is fast.kernels()[cls]
+    x = (randn(*shape) * 2).astype(dtype)
+    y = reference.forward(x)
+    dout = randn(*y.shape, seed=1).astype(dtype)
+    names = ["output", "input gradient"] + [n for n, _ in reference.named_parameters()]
+    for name, ours, theirs in zip(names, run(kernel, x, dout), run(reference, x, dout), strict=True):
+        assert ours.dtype == dtype, name
+        assert rel_err(ours, theirs) <= TOLERANCE[dtype], name
+    reference.eval(), kernel.eval()
+    assert rel_err(kernel.forward(x), reference.forward(x)) <= TOLERANCE[dtype]
+
+
+# --------------------------------------------------------------------------- CPU kernels' numerics
+
+
+def exact_gelu_and_derivative(x):
+    x = x.astype(np.float64)
+    cdf = np.array([0.5 * math.erfc(-v / math.sqrt(2)) for v in x])
+    return x * cdf, cdf + x * np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+
+
+def test_float32_gelu_value_and_derivative_within_5e7():
+    """float32 computes x/2 + |x| (1/2 - Phi(-|x|)) by A&S 7.1.26, and its derivative:
+    both within 5e-7 (relative to max(1, |x|)), the same values in eval mode."""
+    x = np.linspace(-10, 10, 20001).astype(np.float32)
+    exact, exact_dydx = exact_gelu_and_derivative(x)
+    gelu = cpu.GELU()
+    y = gelu.forward(x)
+    dydx = gelu.backward(np.ones_like(x))
+    assert y.dtype == np.float32 and dydx.dtype == np.float32
+    assert (np.abs(y - exact) / np.maximum(1, np.abs(x))).max() < 5e-7
+    assert np.abs(dydx - exact_dydx).max() < 5e-7
+    np.testing.assert_array_equal(gelu.eval().forward(x), y)
+
+
+def test_gelu_row_blocks_cover_every_row_once():
+    """A large GELU runs in row blocks of about 64K values: its values and
+    derivatives equal those of one pass over the whole array, bit for bit."""
+    x = (np.random.default_rng(0).standard_normal((301, 700)) * 3).astype(np.float32)
+    assert len(cpu.row_blocks(x, cpu.GELU.block_elements)) > 1
+    results = []
+    for block_elements in (cpu.GELU.block_elements, None):
+        gelu = cpu.GELU()
+        gelu.block_elements = block_elements
+        y = gelu.forward(x)
+        results.append((y, gelu.backward(np.ones_like(x))))
+    (y_blocks, dydx_blocks), (y_whole, dydx_whole) = results
+    np.testing.assert_array_equal(y_blocks, y_whole)
+    np.testing.assert_array_equal(dydx_blocks, dydx_whole)
+
+
+@pytest.mark.parametrize("spread", [10.0, 1000.0])
+def test_one_max_softmax_equals_the_row_max_softmax(spread):
+    """Scores within 80 of the global max take one shift; a wider spread falls back
+    to the row max (a row far below the global max would otherwise underflow)."""
+    scores = np.random.default_rng(0).standard_normal((2, 3, 5, 7))
+    scores[0, 0] -= spread
+    expected = np.exp(scores - scores.max(-1, keepdims=True))
+    expected /= expected.sum(-1, keepdims=True)
+    np.testing.assert_allclose(cpu.softmax_(scores.copy()), expected, rtol=1e-13, atol=0)

@@ -1,0 +1,194 @@
+"""What every layer is built on: ``Parameter``, ``Module`` and ``Sequential``.
+
+The layer contract (CS231n's, as classes):
+- ``forward(x)`` computes the output and keeps in ``self.cache`` exactly what
+  ``backward`` needs, and nothing more (nothing in eval mode);
+- ``backward(dout)`` takes that cache on its first line (taking it clears it:
+  each forward serves one backward), returns ``dx`` and *accumulates* (``+=``)
+  its parameter gradients into ``param.grad``; one ``zero_grad()`` resets them,
+  so the gradients of residual branches add up by themselves.
+
+Building a layer builds its fast kernel when the fast tier has one for the
+active backend (``Module.__new__``, ``tinyvit.fast``): the same contract, the
+same parameters, faster code.
+"""
+
+from . import fast
+from .backend import get_default_dtype, to_device, xp
+
+
+class Parameter:
+    """A trainable array and the gradient accumulated into it.
+
+    ``decay`` says whether AdamW's weight decay applies (weights of Linear layers
+    only; not biases, norms, cls_token or pos_embed).
+    """
+
+    def __init__(self, data, decay=False):
+        self.data = data
+        self.grad = xp.zeros_like(data)
+        self.decay = decay
+
+    @property
+    def shape(self):
+        return self.data.shape
+
+
+class Module:
+    """Base class: parameter bookkeeping, train/eval mode, and the cache contract.
+
+    Parameters and sub-modules are found by walking the instance's attributes in
+    the order they were set (lists of modules are walked as ``name.0``, ``name.1``,
+    ...), so a model's parameter names are its attribute paths, as in PyTorch.
+    """
+
+    def __new__(cls, *args, **kwargs):
+        """An instance of ``cls``, or of its fast kernel (a subclass of ``cls``)
+        when the fast tier is on and has one for the active backend."""
+        return super().__new__(fast.kernel_class(cls))
+
+    def __init__(self):
+        self.training = True
+        self.cache = None
+        self._flat = None
+
+    def __call__(self, *args):
+        return self.forward(*args)
+
+    def forward(self, x):
+        raise NotImplementedError
+
+    def backward(self, dout):
+        raise NotImplementedError
+
+    def _take_cache(self):
+        """The cache of the last forward, cleared here: a backward may overwrite
+        it in place. A clear error if there is none (layers keep no cache in
+        eval mode: inference needs no backward)."""
+        cache, self.cache = self.cache, None
+        if cache is None:
+            raise RuntimeError(
+                f"{type(self).__name__}.backward called without a forward before it "
+                "(each training-mode forward serves one backward; eval mode keeps no cache)"
+            )
+        return cache
+
+    # -- walking the tree ----------------------------------------------------
+
+    def named_children(self):
+        for name, value in vars(self).items():
+            if isinstance(value, Module):
+                yield name, value
+            elif isinstance(value, list):
+                for i, item in enumerate(value):
+                    if isinstance(item, Module):
+                        yield f"{name}.{i}", item
+
+    def named_modules(self, prefix="", _seen=None):
+        """Every module once, under its first path (a module shared by two parents
+        keeps the name under the first)."""
+        _seen = set() if _seen is None else _seen
+        if id(self) in _seen:
+            return
+        _seen.add(id(self))
+        yield prefix, self
+        for name, child in self.named_children():
+            yield from child.named_modules(f"{prefix}.{name}" if prefix else name, _seen)
+
+    def named_parameters(self):
+        for module_name, module in self.named_modules():
+            for name, value in vars(module).items():
+                if isinstance(value, Parameter):
+                    yield (f"{module_name}.{name}" if module_name else name), value
+
+    def parameters(self):
+        return [p for _, p in self.named_parameters()]
+
+    def num_parameters(self):
+        return sum(p.data.size for p in self.parameters())
+
+    # -- modes and gradients -------------------------------------------------
+
+    def train(self, mode=True):
+        for _, module in self.named_modules():
+            module.training = mode
+        return self
+
+    def eval(self):
+        return self.train(False)
+
+    def zero_grad(self):
+        if self._flat is not None:
+            self._flat[1].fill(0)
+        else:
+            for p in self.parameters():
+                p.grad.fill(0)
+
+    def astype(self, dtype):
+        """Convert every parameter (and its gradient) to ``dtype``, in place."""
+        for p in self.parameters():
+            p.data = p.data.astype(dtype)
+            p.grad = p.grad.astype(dtype)
+        self._flat = None
+        return self
+
+    def flat_parameters(self):
+        """All parameters as views into one contiguous buffer, gradients into another.
+
+        Returns ``(data, grad, decay)``: 1-D arrays of the total parameter count;
+        ``decay`` is 1 where weight decay applies. Optimizers update these in a
+        few whole-buffer operations instead of a loop over tensors. Packing
+        re-points every ``Parameter.data`` and ``.grad`` to a view of the buffers.
+        """
+        if self._flat is None:
+            params = self.parameters()
+            dtype = params[0].data.dtype
+            total = sum(p.data.size for p in params)
+            data = xp.empty(total, dtype=dtype)
+            grad = xp.empty(total, dtype=dtype)
+            decay = xp.empty(total, dtype=dtype)
+            offset = 0
+            for p in params:
+                end = offset + p.data.size
+                data[offset:end] = p.data.ravel()
+                grad[offset:end] = p.grad.ravel()
+                decay[offset:end] = 1.0 if p.decay else 0.0
+                p.data = data[offset:end].reshape(p.data.shape)
+                p.grad = grad[offset:end].reshape(p.grad.shape)
+                offset = end
+            self._flat = (data, grad, decay)
+        return self._flat
+
+
+class Sequential(Module):
+    """Layers applied in order; backward applies their backwards in reverse."""
+
+    def __init__(self, *layers):
+        super().__init__()
+        self.layers = list(layers)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer.forward(x)
+        return x
+
+    def backward(self, dout):
+        for layer in reversed(self.layers):
+            dout = layer.backward(dout)
+        return dout
+
+
+def trunc_normal(rng, shape, std=0.02, dtype=None):
+    """Normal(0, std) values redrawn until inside [-2 std, 2 std] (timm's init).
+
+    ``rng`` is a host generator (``backend.host_rng``): initial weights are drawn
+    on the host, so a seed gives the same model on NumPy and on CuPy.
+    """
+    dtype = dtype or get_default_dtype()
+    values = rng.standard_normal(shape, dtype=dtype)
+    flat = values.reshape(-1)
+    redraw = (abs(flat) > 2).nonzero()[0]
+    while redraw.size:
+        flat[redraw] = rng.standard_normal(redraw.size, dtype=dtype)
+        redraw = redraw[abs(flat[redraw]) > 2]
+    return to_device(values * dtype(std))
