@@ -23,7 +23,8 @@ CASES = {
     layers.Linear: (lambda: layers.Linear(7, 5, rng=B.host_rng(0)), [(3, 7), (2, 9, 7), (1, 7)]),
     layers.LayerNorm: (lambda: layers.LayerNorm(7), [(3, 7), (2, 9, 7), (1, 1, 7)]),
     layers.GELU: (lambda: layers.GELU(), [(3, 7), (2, 9, 33), (5, 300, 301)]),
-    layers.Attention: (lambda: layers.Attention(6, 3, rng=B.host_rng(0)), [(2, 5, 6), (1, 17, 6), (3, 1, 6)]),
+    layers.Attention: (lambda: layers.Attention(6, 3, rng=B.host_rng(0)),
+                       [(2, 5, 6), (1, 17, 6), (3, 1, 6)]),
     layers.ClassAttention: (lambda: layers.ClassAttention(6, 2, rng=B.host_rng(0)),
                             [(2, 5, 6), (1, 17, 6), (3, 1, 6)]),
 }
@@ -69,7 +70,8 @@ def test_fast_kernel_equals_reference(backend, cls, shape, dtype):
     y = reference.forward(x)
     dout = randn(*y.shape, seed=1).astype(dtype)
     names = ["output", "input gradient"] + [n for n, _ in reference.named_parameters()]
-    for name, ours, theirs in zip(names, run(kernel, x, dout), run(reference, x, dout), strict=True):
+    results = zip(names, run(kernel, x, dout), run(reference, x, dout), strict=True)
+    for name, ours, theirs in results:
         assert ours.dtype == dtype, name
         assert rel_err(ours, theirs) <= TOLERANCE[dtype], name
     reference.eval(), kernel.eval()

@@ -249,7 +249,9 @@ def _attend_backward_without_correction(self, dctx):
     q, k, v, A, Ad = self._take_cache()
     dA = dctx @ v.transpose(0, 1, 3, 2)
     dS = A * dA
-    return dS @ k * self.scale, dS.transpose(0, 1, 3, 2) @ q * self.scale, Ad.transpose(0, 1, 3, 2) @ dctx
+    dq = dS @ k * self.scale
+    dk = dS.transpose(0, 1, 3, 2) @ q * self.scale
+    return dq, dk, Ad.transpose(0, 1, 3, 2) @ dctx
 
 
 def test_dropout_masks_scale_and_reuse(backend):
@@ -339,14 +341,15 @@ def test_gradients_accumulate_until_zero_grad(backend):
     assert all(float(abs(p.grad).max()) == 0 for p in layer.parameters())
 
 
-@pytest.mark.parametrize("make", [lambda: Linear(4, 4), lambda: LayerNorm(4), GELU, lambda: Attention(4, 2),
-                                  lambda: Patchify(2), Tanh])
+@pytest.mark.parametrize("make", [lambda: Linear(4, 4), lambda: LayerNorm(4), GELU,
+                                  lambda: Attention(4, 2), lambda: Patchify(2), Tanh])
 def test_backward_before_forward_is_an_error(tier, make):
     with pytest.raises(RuntimeError, match="backward called without a forward before it"):
         make().backward(B.xp.ones((1, 4, 4)))
 
 
-@pytest.mark.parametrize("make", [lambda: LayerNorm(4), GELU, lambda: Block(4, 2, 2.0, rng=B.host_rng(0)),
+@pytest.mark.parametrize("make", [lambda: LayerNorm(4), GELU,
+                                  lambda: Block(4, 2, 2.0, rng=B.host_rng(0)),
                                   lambda: ClassAttentionBlock(4, 2, 2.0, rng=B.host_rng(0))])
 def test_a_second_backward_after_one_forward_is_an_error(tier, make):
     # each forward serves one backward, which may overwrite its cache in place

@@ -12,7 +12,8 @@ from tinyvit.layers import Block
 from tinyvit.model import ViT, ViTConfig
 
 TOL = 1e-7
-TINY = dict(image_size=8, patch_size=4, in_channels=2, num_classes=3, embed_dim=8, depth=2, num_heads=2)
+TINY = dict(image_size=8, patch_size=4, in_channels=2, num_classes=3, embed_dim=8, depth=2,
+            num_heads=2)
 
 
 @pytest.mark.parametrize(
@@ -74,7 +75,8 @@ def test_config_errors(fields, message):
 
 def test_same_seed_same_model():
     a, b, c = ViT(seed=3), ViT(seed=3), ViT(seed=4)
-    for (name, pa), (_, pb), (_, pc) in zip(a.named_parameters(), b.named_parameters(), c.named_parameters()):
+    triples = zip(a.named_parameters(), b.named_parameters(), c.named_parameters())
+    for (name, pa), (_, pb), (_, pc) in triples:
         np.testing.assert_array_equal(B.to_host(pa.data), B.to_host(pb.data))
         if name.endswith("weight") and "norm" not in name:
             assert not np.array_equal(B.to_host(pa.data), B.to_host(pc.data))
@@ -160,7 +162,8 @@ def test_grads_use_state_dict_keys():
 @pytest.mark.parametrize(
     "make_input, message",
     [
-        (lambda: np.zeros((2, 8, 8), np.float32), r"expected images of shape \(B, 2, 8, 8\), got shape \(2, 8, 8\)"),
+        (lambda: np.zeros((2, 8, 8), np.float32),
+         r"expected images of shape \(B, 2, 8, 8\), got shape \(2, 8, 8\)"),
         (lambda: np.zeros((2, 3, 8, 8), np.float32), r"expected 2 channel\(s\), got 3"),
         (lambda: np.zeros((2, 2, 12, 12), np.float32), "expected 8x8 images, got 12x12"),
         (lambda: np.zeros((2, 2, 8, 8), np.uint8), "expected float images .* got dtype uint8"),
@@ -219,7 +222,8 @@ def test_pre_logits_layer_names_and_gradients(backend):
 def test_whole_model_gradients_other_shape(backend):
     """7 tokens (6 patches + cls), 3 heads, non-square patch grid impossible, so
     image 12 with patch 4 (9 patches, 10 tokens), odd embed_dim per head."""
-    config = dict(image_size=12, patch_size=4, in_channels=1, num_classes=4, embed_dim=9, depth=1, num_heads=3, mlp_ratio=1.5)
+    config = dict(image_size=12, patch_size=4, in_channels=1, num_classes=4, embed_dim=9, depth=1,
+                  num_heads=3, mlp_ratio=1.5)
     model = jitter(ViT(**config))
     gradient_check(model, randn(2, 1, 12, 12)).assert_ok(TOL)
 
@@ -227,7 +231,8 @@ def test_whole_model_gradients_other_shape(backend):
 def test_whole_model_gradients_with_dropout(backend):
     model = jitter(ViT(**TINY, dropout=0.1, attn_dropout=0.1))
     model.train()
-    gradient_check(model, randn(2, 2, 8, 8), before_forward=lambda: model.seed_dropout(123)).assert_ok(TOL)
+    x = randn(2, 2, 8, 8)
+    gradient_check(model, x, before_forward=lambda: model.seed_dropout(123)).assert_ok(TOL)
 
 
 def test_dropout_changes_training_output_not_eval_output():

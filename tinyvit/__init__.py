@@ -6,6 +6,7 @@ from .fast import use_fast, use_reference
 from .gradcheck import gradient_check
 from .loss import SoftmaxCrossEntropy
 from .model import PRESETS, ViT, ViTConfig, create_model
+from .pretrained import load_pretrained
 
 __all__ = [
     "PRESETS",
@@ -15,6 +16,7 @@ __all__ = [
     "create_model",
     "get_backend",
     "gradient_check",
+    "load_pretrained",
     "set_backend",
     "use_fast",
     "use_reference",

@@ -223,7 +223,8 @@ class GELU(Module):
         x = self._take_cache()
         if self.approximate == "tanh":
             t = xp.tanh(_TANH_C * (x + _TANH_A * x**3))
-            return dout * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * _TANH_C * (1.0 + 3.0 * _TANH_A * x * x))
+            du_dx = _TANH_C * (1.0 + 3.0 * _TANH_A * x * x)
+            return dout * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du_dx)
         return dout * (normal_cdf(x) + x * normal_pdf(x))
 
 
@@ -316,7 +317,9 @@ class Attention(Module):
         """``rng``: host generator for the initial weights."""
         super().__init__()
         if num_heads < 1 or dim % num_heads:
-            raise ValueError(f"Attention: embed_dim {dim} is not divisible by num_heads {num_heads}")
+            raise ValueError(
+                f"Attention: embed_dim {dim} is not divisible by num_heads {num_heads}"
+            )
         self.num_heads, self.head_dim = num_heads, dim // num_heads
         self.scale = self.head_dim**-0.5
         self.qkv = Linear(dim, 3 * dim, bias=qkv_bias, rng=rng, dtype=dtype)
@@ -450,7 +453,8 @@ class Block(Module):
                  rng=None, dtype=None, eps=1e-6):
         super().__init__()
         self.norm1 = LayerNorm(dim, eps, dtype=dtype)
-        self.attn = self.attention(dim, num_heads, qkv_bias, attn_dropout, dropout, rng=rng, dtype=dtype)
+        self.attn = self.attention(dim, num_heads, qkv_bias, attn_dropout, dropout,
+                                   rng=rng, dtype=dtype)
         self.norm2 = LayerNorm(dim, eps, dtype=dtype)
         self.mlp = MLP(dim, int(dim * mlp_ratio), dropout, rng=rng, dtype=dtype)
         self.attn_residual = Residual(self.norm1, self.attn)

@@ -15,7 +15,8 @@ be compared key by key with PyTorch implementations (see ``state_dict``).
 import dataclasses
 import json
 
-from .backend import get_default_dtype, host_rng, rng as device_rng, to_device, to_host, xp
+from .backend import get_default_dtype, host_rng, to_device, to_host, xp
+from .backend import rng as device_rng
 from .checks import check_fields
 from .layers import Block, ClassAttentionBlock, Dropout, LayerNorm, Linear, PatchEmbed, PreLogits
 from .module import Module, Parameter, trunc_normal
@@ -35,18 +36,19 @@ class ViTConfig:
     dropout: float = 0.0
     attn_dropout: float = 0.0
     pool: str = "cls"
-    norm_eps: float = 1e-6  # LayerNorm's eps: 1e-6 as the paper's code and timm; Hugging Face uses 1e-12
+    norm_eps: float = 1e-6  # LayerNorm's eps: 1e-6 as the paper's code and timm (HF: 1e-12)
     representation_size: int = 0  # > 0: a pre-logits layer tanh(Linear(D, R)) before the head
 
     def __post_init__(self):
-        check_fields(self, ("image_size", "patch_size", "in_channels", "num_classes", "embed_dim", "depth",
-                            "num_heads"), lambda n: n >= 1, "at least 1")
+        check_fields(self, ("image_size", "patch_size", "in_channels", "num_classes", "embed_dim",
+                            "depth", "num_heads"), lambda n: n >= 1, "at least 1")
         check_fields(self, ("dropout", "attn_dropout"), lambda p: 0.0 <= p < 1.0, "in [0, 1)")
         check_fields(self, ("norm_eps",), lambda e: e > 0, "positive")
         check_fields(self, ("representation_size",), lambda n: n >= 0, "at least 0")
         if int(self.embed_dim * self.mlp_ratio) < 1:
             raise ValueError(
-                f"mlp_ratio {self.mlp_ratio} leaves the MLP no hidden unit at embed_dim {self.embed_dim}"
+                f"mlp_ratio {self.mlp_ratio} leaves the MLP no hidden unit "
+                f"at embed_dim {self.embed_dim}"
             )
         if self.image_size % self.patch_size:
             raise ValueError(
@@ -120,7 +122,8 @@ class ViT(Module):
         dtype = dtype or get_default_dtype()
         init = host_rng(seed)
         D, N = config.embed_dim, config.num_patches + 1
-        self.patch_embed = PatchEmbed(config.patch_size, config.in_channels, D, rng=init, dtype=dtype)
+        self.patch_embed = PatchEmbed(config.patch_size, config.in_channels, D, rng=init,
+                                      dtype=dtype)
         self.cls_token = Parameter(trunc_normal(init, (1, 1, D), std=1e-6, dtype=dtype))
         self.pos_embed = Parameter(trunc_normal(init, (1, N, D), dtype=dtype))
         self.pos_drop = Dropout(config.dropout)
@@ -144,7 +147,8 @@ class ViT(Module):
         """Give every Dropout layer with p > 0 one fresh generator on the active
         backend; ``seed`` is an int or a tuple such as (seed, step)."""
         if self._dropouts is None:
-            self._dropouts = tuple(m for _, m in self.named_modules() if isinstance(m, Dropout) and m.p > 0)
+            self._dropouts = tuple(m for _, m in self.named_modules()
+                                   if isinstance(m, Dropout) and m.p > 0)
         if self._dropouts:
             generator = device_rng(seed)
             for module in self._dropouts:
@@ -166,7 +170,8 @@ class ViT(Module):
         _, C, H, W = images.shape
         if C != c.in_channels:
             raise ValueError(
-                f"ViT: expected {c.in_channels} channel(s), got {C} (images of shape {images.shape})"
+                f"ViT: expected {c.in_channels} channel(s), got {C} "
+                f"(images of shape {images.shape})"
             )
         if (H, W) != (c.image_size, c.image_size):
             raise ValueError(
@@ -293,6 +298,13 @@ class ViT(Module):
         arrays = dict(self.state_dict())
         arrays["__config__"] = json.dumps(dataclasses.asdict(self.config))
         save_npz(path, arrays)
+
+    def save_pretrained(self, path):
+        """Write timm's layout: ``path`` (``.safetensors``) and a ``config.json`` beside
+        it (``tinyvit.pretrained.save_pretrained``; needs the ``hub`` extra)."""
+        from .pretrained import save_pretrained
+
+        return save_pretrained(self, path)
 
     @classmethod
     def load(cls, path, dtype=None):

@@ -90,7 +90,7 @@ class LayerNorm(layers.LayerNorm):
         xhat *= rstd
         self.cache = (xhat, rstd) if self.training else None
         # training keeps xhat for the backward; in eval y reuses its memory
-        y = xhat * self.weight.data if self.training else xp.multiply(xhat, self.weight.data, out=xhat)
+        y = xp.multiply(xhat, self.weight.data, out=None if self.training else xhat)
         y += self.bias.data
         return y
 
