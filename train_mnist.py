@@ -6,6 +6,7 @@
     python train_mnist.py --resume runs/mnist                                # continue after Ctrl-C
     python train_mnist.py --eval runs/mnist/best.npz
     python train_mnist.py --predict digit.png --checkpoint runs/mnist/best.npz
+    python train_mnist.py --data-dir ../shared/data --init runs/fashion-mnist --image-size 42  # fine-tune
 
 Every flag is optional; ``--recipe`` picks a tested set of defaults (see
 ``RECIPES``) that the other flags then override.
@@ -16,7 +17,6 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from tinyvit import backend
 from tinyvit.allocator import keep_freed_memory
 from tinyvit.backend import BackendError
 from tinyvit.checkpoint import CheckpointError
@@ -49,7 +49,8 @@ RECIPES = {
                         max_shift=4, flip=True, erasing=0.25, mixup=0.8, cutmix=1.0),
 }
 
-MODEL_FLAGS = ("patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio", "dropout", "attn_dropout", "pool")
+MODEL_FLAGS = ("image_size", "patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio", "dropout",
+               "attn_dropout", "pool")
 
 # The modes other than training, and the only other flags each reads: a resumed run
 # takes every setting from its checkpoint. Any other flag given with one of them
@@ -69,6 +70,8 @@ def parse_args(argv):
                    f"CPU core, at most {MAX_AUTO_WORKERS}; 1 on cupy)")
     g = p.add_argument_group("model (a preset, then any field)")
     g.add_argument("--model", help="preset: mnist, cifar10, vit_tiny_patch16_224, ...")
+    g.add_argument("--image-size", type=int,
+                   help="side the model sees, the images resized to it (default: the dataset's)")
     g.add_argument("--patch-size", type=int)
     g.add_argument("--embed-dim", type=int)
     g.add_argument("--depth", type=int)
@@ -87,6 +90,16 @@ def parse_args(argv):
     g.add_argument("--weight-decay", type=float)
     g.add_argument("--label-smoothing", type=float)
     g.add_argument("--clip-grad", type=float, help="max global gradient norm (0: off)")
+    g.add_argument("--budget", type=float, metavar="MINUTES",
+                   help="plan the epochs after the first so the run ends within this time")
+    g = p.add_argument_group("fine-tuning")
+    g.add_argument("--init", metavar="CKPT_OR_DIR",
+                   help="start from these weights: a checkpoint, a run folder (its best.npz), or "
+                        "pre-trained weights (timm or Hugging Face safetensors, the ViT paper's .npz)")
+    g.add_argument("--reset-head", action="store_true", default=None,
+                   help="with --init: a zero head even when the class count matches")
+    g.add_argument("--freeze-backbone", action="store_true", default=None,
+                   help="train the head alone (a linear probe)")
     g = p.add_argument_group("augmentation")
     g.add_argument("--shift", dest="max_shift", type=int, help="random translation in pixels (0: off)")
     g.add_argument("--flip", action=argparse.BooleanOptionalAction, default=None)

@@ -164,8 +164,10 @@ def machine_report(gpu):
         "python": platform.python_version(),
         "numpy": np.__version__,
         "torch": torch.__version__ if torch else None,
-        "openblas": {k: info.get(k) for k in ("architecture", "num_threads", "version")} if info else None,
-        "threads": {"openblas": blas_threads(), "torch": torch.get_num_threads() if torch else None},
+        "openblas": ({k: info.get(k) for k in ("architecture", "num_threads", "version")}
+                     if info else None),
+        "threads": {"openblas": blas_threads(),
+                    "torch": torch.get_num_threads() if torch else None},
         "env": {k: os.environ.get(k) for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")},
         "cores": os.cpu_count(),
         "load_average_1min": os.getloadavg()[0],
@@ -184,7 +186,8 @@ def print_machine(report):
         print(f"gpu         {report['gpu']} (CuPy {report['cupy']})")
     blas = report["openblas"]
     if blas:
-        print(f"OpenBLAS    {blas['version']}, kernel {blas['architecture']}, {blas['num_threads']} threads")
+        print(f"OpenBLAS    {blas['version']}, kernel {blas['architecture']}, "
+              f"{blas['num_threads']} threads")
     else:
         print("OpenBLAS    unknown: threadpoolctl is not installed (pip install threadpoolctl)")
     threads = report["threads"]
@@ -192,7 +195,8 @@ def print_machine(report):
           f"{report['cores']} cores, load average {report['load_average_1min']:.2f}")
     warn_if_busy()
     print(f"versions    Python {report['python']}, NumPy {report['numpy']}, "
-          f"PyTorch {report['torch'] or 'not installed'}, tinyvit {getattr(tinyvit, '__version__', 'dev')}")
+          f"PyTorch {report['torch'] or 'not installed'}, "
+          f"tinyvit {getattr(tinyvit, '__version__', 'dev')}")
     set_vars = {k: v for k, v in report["env"].items() if v is not None}
     if set_vars:
         shown = ", ".join(f"{k}={v}" for k, v in set_vars.items())
@@ -335,7 +339,8 @@ class TinyvitRunner:
         return loss
 
     def infer(self):
-        return self.model.forward(self.x) if self.parallel is None else self.parallel.forward(self.x)
+        return (self.model.forward(self.x) if self.parallel is None
+                else self.parallel.forward(self.x))
 
     def logits_and_loss(self):
         """Host logits and loss of a forward in the current mode (for the check)."""
@@ -363,10 +368,13 @@ class TorchRunner:
         params = dict(self.model.named_parameters())
         unknown = self.decay_names - set(params)
         if unknown:
-            raise RuntimeError(f"decayed tinyvit parameters missing from the torch model: {sorted(unknown)}")
+            raise RuntimeError(
+                f"decayed tinyvit parameters missing from the torch model: {sorted(unknown)}"
+            )
         decay = [p for n, p in params.items() if n in self.decay_names]
         no_decay = [p for n, p in params.items() if n not in self.decay_names]
-        groups = [{"params": decay, "weight_decay": WEIGHT_DECAY}, {"params": no_decay, "weight_decay": 0.0}]
+        groups = [{"params": decay, "weight_decay": WEIGHT_DECAY},
+                  {"params": no_decay, "weight_decay": 0.0}]
         self.optimizer = torch.optim.AdamW(groups, lr=LR)
 
     def set_training(self, mode):
@@ -413,7 +421,8 @@ def check_same_function(tv, pt):
             sys.exit(
                 f"ABORT: tinyvit and PyTorch compute different things ({label} mode):\n"
                 f"  logits max abs diff / max |logit| = {rel:.3e} (must be < {LOGITS_TOL:g})\n"
-                f"  loss: tinyvit {loss_a:.8f}, torch {loss_b:.8f}, diff {dloss:.3e} (must be < {LOSS_TOL:g})"
+                f"  loss: tinyvit {loss_a:.8f}, torch {loss_b:.8f}, diff {dloss:.3e} "
+                f"(must be < {LOSS_TOL:g})"
             )
     return worst
 
@@ -626,8 +635,9 @@ def run_config(name, args):
     if not check:
         print("  (PyTorch not found: no cross-check, tinyvit alone)")
     else:
-        print("  same function: logits rel diff {:.1e} (train) {:.1e} (eval), loss diff {:.1e}".format(
-            check["train"]["logits_rel_diff"], check["eval"]["logits_rel_diff"], check["train"]["loss_diff"]))
+        print("  same function: logits rel diff {:.1e} (train) {:.1e} (eval), loss diff {:.1e}"
+              .format(check["train"]["logits_rel_diff"], check["eval"]["logits_rel_diff"],
+                      check["train"]["loss_diff"]))
     for r in runners:
         r.prepare_training()
     try:
@@ -640,13 +650,15 @@ def run_config(name, args):
     forward = {"tinyvit": matmul_flops(config, args.batch, last_rows),
                "torch": matmul_flops(config, args.batch)}
     result = {"config": describe(config), "params": tv.model.num_parameters(), "batch": args.batch,
-              "forward_matmul_flops": forward, "train_matmul_flops": {k: 3 * v for k, v in forward.items()},
+              "forward_matmul_flops": forward,
+              "train_matmul_flops": {k: 3 * v for k, v in forward.items()},
               "check": check}
     for r in runners:
         result[r.name] = {
             "train": summarize(times[r.name, "train"], 3 * forward[r.name], args.batch),
             "infer": summarize(times[r.name, "infer"], forward[r.name], args.batch),
-            "peak_memory": {phase: measure_memory(r.name, name, phase, args) for phase in ("train", "infer")},
+            "peak_memory": {phase: measure_memory(r.name, name, phase, args)
+                            for phase in ("train", "infer")},
         }
     if pt and hasattr(pt, "last_loss"):
         result["loss_after_training"] = {"steps": args.rounds * (args.warmup + args.steps),
@@ -656,8 +668,9 @@ def run_config(name, args):
 
 
 def describe(c):
-    return (f"{c.image_size}x{c.image_size}x{c.in_channels}, patch {c.patch_size}, dim {c.embed_dim}, "
-            f"depth {c.depth}, heads {c.num_heads}, mlp_ratio {c.mlp_ratio:g}, {c.num_classes} classes")
+    return (f"{c.image_size}x{c.image_size}x{c.in_channels}, patch {c.patch_size}, "
+            f"dim {c.embed_dim}, depth {c.depth}, heads {c.num_heads}, "
+            f"mlp_ratio {c.mlp_ratio:g}, {c.num_classes} classes")
 
 
 # ---------------------------------------------------------------------------
@@ -680,7 +693,8 @@ def render(rows, header, align, groups=None):
         return "  " + "  ".join(cells).rstrip()
 
     def row_line(row):
-        return line(str(v).ljust(w) if a == "l" else str(v).rjust(w) for v, w, a in zip(row, widths, align))
+        return line(str(v).ljust(w) if a == "l" else str(v).rjust(w)
+                    for v, w, a in zip(row, widths, align))
 
     rule = "  " + "-" * (sum(widths) + 2 * (len(widths) - 1))
     top = [line(spans)] if groups else []
@@ -718,7 +732,8 @@ def print_config(name, result):
         cells = []
         for f in ("tinyvit", "torch"):
             s = get(result, f, phase)
-            cells.append("-" if s is None else f"{s['gflops']:.1f} ({100 * s['fraction_of_peak']:.0f}%)")
+            cells.append("-" if s is None
+                         else f"{s['gflops']:.1f} ({100 * s['fraction_of_peak']:.0f}%)")
         return [f"{phase} GFLOP/s (% peak)", *cells, ""]
 
     rows = []
@@ -733,8 +748,10 @@ def print_config(name, result):
           f"tinyvit {flops['tinyvit'] / 1e9:.2f} G, PyTorch {flops['torch'] / 1e9:.2f} G")
     print(render(rows, ["", "tinyvit", "PyTorch", "tinyvit/PyTorch"], "lrrr"))
     trained = result.get("loss_after_training")
-    if trained:  # the same steps on the same batch from the same weights: a check of backward + AdamW
-        print(f"  loss after {trained['steps']} train steps on the batch: tinyvit {trained['tinyvit']:.5f}, "
+    # the same steps on the same batch from the same weights: a check of backward + AdamW
+    if trained:
+        print(f"  loss after {trained['steps']} train steps on the batch: "
+              f"tinyvit {trained['tinyvit']:.5f}, "
               f"PyTorch {trained['torch']:.5f}")
 
 
@@ -752,7 +769,8 @@ def print_summary(results, peaks):
             row += [fmt(a), fmt(b), fmt(ratio(a, b), ".2f")]
         for f in ("tinyvit", "torch"):
             s = get(r, f, "train")
-            row.append("-" if s is None else f"{s['gflops']:.0f} ({100 * s['fraction_of_peak']:.0f}%)")
+            row.append("-" if s is None
+                       else f"{s['gflops']:.0f} ({100 * s['fraction_of_peak']:.0f}%)")
         for phase in ("train", "infer"):
             row += [fmt(get(r, f, "peak_memory", phase, "peak_mb")) for f in ("tinyvit", "torch")]
         rows.append(row)
@@ -798,14 +816,16 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true", help="config A, few steps: a smoke test for CI")
     p.add_argument("--gpu", action="store_true", help="tinyvit on CuPy against torch on CUDA")
     p.add_argument("--workers", type=int, default=1,
-                   help="tinyvit's worker processes (tinyvit.parallel; memory: summed over all processes)")
+                   help="tinyvit's worker processes "
+                        "(tinyvit.parallel; memory: summed over all processes)")
     p.add_argument("--json", metavar="FILE", help="write the figures as JSON")
     p.add_argument("--memory-worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    for name, least in (("batch", 1), ("steps", 1), ("rounds", 1), ("memory_steps", 1), ("workers", 1),
-                        ("warmup", 0)):
+    for name, least in (("batch", 1), ("steps", 1), ("rounds", 1), ("memory_steps", 1),
+                        ("workers", 1), ("warmup", 0)):
         if getattr(args, name) < least:
-            p.error(f"--{name.replace('_', '-')} must be at least {least}, got {getattr(args, name)}")
+            p.error(f"--{name.replace('_', '-')} must be at least {least}, "
+                    f"got {getattr(args, name)}")
     if args.gpu and args.workers > 1:
         p.error("--workers splits batches over CPU processes; on a GPU tinyvit runs one process")
     if args.quick:
@@ -820,7 +840,8 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     if args.memory_worker:
-        return memory_worker(args.memory_worker, args.batch, args.memory_steps, args.gpu, args.workers)
+        return memory_worker(args.memory_worker, args.batch, args.memory_steps, args.gpu,
+                             args.workers)
     setup_backends(args.gpu)
     report = machine_report(args.gpu)
     print_machine(report)
@@ -829,12 +850,14 @@ def main(argv=None):
     repeats = 3 if args.quick else 10
     n, peaks_before = matmul_peaks(args.gpu, repeats)
     print(f"float32 matmul peak ({n}x{n}, best of {repeats}): "
-          + ", ".join(f"{k} {v:.0f} GFLOP/s" for k, v in peaks_before.items()) + " (measured again at the end)")
-    print(f"timing: {args.rounds} interleaved round(s); each turn {args.warmup} untimed step(s), then {args.steps} timed; "
+          + ", ".join(f"{k} {v:.0f} GFLOP/s" for k, v in peaks_before.items())
+          + " (measured again at the end)")
+    print(f"timing: {args.rounds} interleaved round(s); each turn {args.warmup} untimed step(s), "
+          f"then {args.steps} timed; "
           f"memory: fresh subprocess per framework, config and phase, {args.memory_steps} step(s)")
     if args.workers > 1:
-        print(f"tinyvit runs {args.workers} worker processes of one BLAS thread each (tinyvit.parallel); "
-              "its memory figures are summed over them and the parent")
+        print(f"tinyvit runs {args.workers} worker processes of one BLAS thread each "
+              "(tinyvit.parallel); its memory figures are summed over them and the parent")
     print()
     results = {name: run_config(name, args) for name in args.configs}
     _, peaks_after = matmul_peaks(args.gpu, repeats)
@@ -846,10 +869,11 @@ def main(argv=None):
     print_summary(results, peaks)
     if args.json:
         settings = {k: getattr(args, k)
-                    for k in ("configs", "batch", "steps", "rounds", "warmup", "memory_steps", "gpu", "quick",
-                              "workers")}
+                    for k in ("configs", "batch", "steps", "rounds", "warmup", "memory_steps",
+                              "gpu", "quick", "workers")}
         payload = {"machine": report, "settings": settings, "matmul_peak_size": n,
-                   "matmul_peak_gflops": {"used": peaks, "before": peaks_before, "after": peaks_after},
+                   "matmul_peak_gflops": {"used": peaks, "before": peaks_before,
+                                          "after": peaks_after},
                    "configs": results}
         Path(args.json).write_text(json.dumps(payload, indent=2))
         print(f"\nwrote {args.json}")

@@ -1,6 +1,7 @@
 """Where a training step's time goes: exclusive milliseconds per layer method and trainer part.
 
-    python benchmarks/layer_profile.py                               # cifar10-gpu's model, batch 256
+    python benchmarks/layer_profile.py                               # cifar10-gpu's model,
+                                                                     # batch 256
     CUPY_TF32=1 python benchmarks/layer_profile.py --gpu             # the same on CuPy
     python benchmarks/layer_profile.py --recipe cifar10 --batch 128  # another train_mnist.py recipe
 
@@ -139,7 +140,8 @@ def main(argv=None):
     for name in AUGMENTATIONS:
         profile.wrap(augment, name, f"augment.{name}")
     profile.wrap(trainer.optimizer, "step", f"{type(trainer.optimizer).__name__}.step")
-    batches = make_batches(trainer.config, args.images)  # a pipeline keeps the functions it was built from
+    # a pipeline keeps the functions it was built from
+    batches = make_batches(trainer.config, args.images)
     steps, seconds = train(trainer, batches, range(1 + args.epochs, 1 + 2 * args.epochs))
     rest = seconds - sum(profile.seconds.values())
     print(f"step with the timers: {1e3 * seconds / steps:.2f} ms; exclusive ms per step:")

@@ -32,7 +32,8 @@ _FAULTS = textwrap.dedent(
 
 
 def _faults_per_round(mode):
-    out = subprocess.run([sys.executable, "-c", _FAULTS, mode], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", _FAULTS, mode], capture_output=True, text=True,
+                         check=True)
     return int(out.stdout)
 
 

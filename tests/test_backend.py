@@ -14,5 +14,6 @@ def test_set_backend_says_what_is_missing_and_changes_nothing(monkeypatch):
         B.set_backend("cupy")
     assert B.get_backend() == active
     assert not B.cupy_available()
-    with pytest.raises(ValueError, match=r"^backend must be one of \('numpy', 'cupy'\), got 'torch'$"):
+    with pytest.raises(ValueError,
+                       match=r"^backend must be one of \('numpy', 'cupy'\), got 'torch'$"):
         B.set_backend("torch")

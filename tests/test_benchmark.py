@@ -94,12 +94,14 @@ def test_bad_flags_are_named_in_one_line(capsys, script, flags, message):
 @pytest.mark.parametrize("workers", [1, 2])  # 2: tinyvit's step split over worker processes
 def test_benchmark_quick_mode_runs(tmp_path, workers):
     out = tmp_path / "bench.json"
-    result = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--workers", str(workers), "--json", str(out)],
+    result = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--workers", str(workers),
+                             "--json", str(out)],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     figures = json.loads(out.read_text())
     assert list(figures["configs"]) == ["A"] and figures["settings"]["workers"] == workers
-    flops = figures["configs"]["A"]["forward_matmul_flops"]  # cls pooling: tinyvit's last block, one row
+    # cls pooling: tinyvit's last block, one row
+    flops = figures["configs"]["A"]["forward_matmul_flops"]
     assert 0 < flops["tinyvit"] < flops["torch"] == 621_314_048
     train = figures["configs"]["A"]["tinyvit"]["train"]
     assert train["median_ms"] > 0 and train["images_per_s"] > 0
@@ -114,12 +116,14 @@ def test_profile_charges_every_part_of_the_step():
     """The layer profile runs on a recipe's step and lists exclusive times that, with
     'everything else', cover the timed step (so no part is counted twice)."""
     out = subprocess.run([sys.executable, str(PROFILE), "--recipe", "cifar10", "--batch", "8",
-                          "--images", "32", "--epochs", "1"], capture_output=True, text=True, timeout=300)
+                          "--images", "32", "--epochs", "1"],
+                         capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[0] == "recipe cifar10: 811,146 parameters, batch 8, backend numpy"
     step = float(lines[2].split("timers: ")[1].split(" ms")[0])
     parts = {line[:32].strip(): float(line[32:]) for line in lines[3:]}
-    assert {"Linear.backward", "Attention.forward", "GELU.forward", "LayerNorm.backward", "AdamW.step",
-            "augment.random_crop", "augment.horizontal_flip", "everything else"} <= set(parts)
+    assert {"Linear.backward", "Attention.forward", "GELU.forward", "LayerNorm.backward",
+            "AdamW.step", "augment.random_crop", "augment.horizontal_flip",
+            "everything else"} <= set(parts)
     assert sum(parts.values()) == pytest.approx(step, abs=0.02 * len(parts))  # printed to 0.01 ms

@@ -7,12 +7,10 @@ otherwise.
 """
 
 import dataclasses
-import gzip
 import hashlib
 import io
 import os
 import pickle
-import struct
 import tarfile
 from pathlib import Path
 
@@ -154,15 +152,18 @@ def test_idx_wrong_magic(tmp_path):
     write_mnist(folder)
     images = np.zeros((5, 28, 28), np.uint8)
     write_idx(folder / "train-images-idx3-ubyte.gz", images, magic=2049)
-    with pytest.raises(DatasetError, match="train-images-idx3-ubyte.gz: bad IDX magic number: expected 2051, got 2049"):
+    with pytest.raises(DatasetError, match="train-images-idx3-ubyte.gz: bad IDX magic number: "
+                                           "expected 2051, got 2049"):
         load_dataset("mnist", "train", folder, verify=False)
 
 
 def test_idx_truncated(tmp_path):
     folder = tmp_path / "mnist"
     write_mnist(folder)
-    write_idx(folder / "train-images-idx3-ubyte.gz", np.zeros((5, 28, 28), np.uint8), 2051, count=10)
-    message = "train-images-idx3-ubyte.gz: truncated: header says 10 items of 28x28 = 7840 bytes, file has 3920"
+    write_idx(folder / "train-images-idx3-ubyte.gz", np.zeros((5, 28, 28), np.uint8), 2051,
+              count=10)
+    message = ("train-images-idx3-ubyte.gz: truncated: "
+               "header says 10 items of 28x28 = 7840 bytes, file has 3920")
     with pytest.raises(DatasetError, match=message):
         load_dataset("mnist", "train", folder, verify=False)
 
@@ -171,7 +172,8 @@ def test_idx_labels_truncated(tmp_path):
     folder = tmp_path / "mnist"
     write_mnist(folder)
     write_idx(folder / "train-labels-idx1-ubyte.gz", np.zeros(5, np.uint8), 2049, count=6)
-    message = "train-labels-idx1-ubyte.gz: truncated: header says 6 items of 1 byte = 6 bytes, file has 5"
+    message = ("train-labels-idx1-ubyte.gz: truncated: "
+               "header says 6 items of 1 byte = 6 bytes, file has 5")
     with pytest.raises(DatasetError, match=message):
         load_dataset("mnist", "train", folder, verify=False)
 
@@ -197,7 +199,8 @@ def test_idx_count_mismatch_names_both_files(tmp_path):
     folder = tmp_path / "mnist"
     write_mnist(folder, n=5)
     write_idx(folder / "train-labels-idx1-ubyte.gz", np.zeros(4, np.uint8), 2049)
-    with pytest.raises(DatasetError, match=r"train-images-idx3-ubyte.gz has 5 images but .*train-labels-idx1-ubyte.gz has 4 labels"):
+    with pytest.raises(DatasetError, match=r"train-images-idx3-ubyte.gz has 5 images but "
+                                           r".*train-labels-idx1-ubyte.gz has 4 labels"):
         load_dataset("mnist", "train", folder, verify=False)
 
 
@@ -205,7 +208,8 @@ def test_idx_label_out_of_range(tmp_path):
     folder = tmp_path / "mnist"
     write_mnist(folder, n=5)
     write_idx(folder / "train-labels-idx1-ubyte.gz", np.array([0, 1, 12, 3, 4]), 2049)
-    with pytest.raises(DatasetError, match=r"train-labels-idx1-ubyte.gz: label 12 at index 2 is out of range 0..9"):
+    with pytest.raises(DatasetError, match=r"train-labels-idx1-ubyte.gz: label 12 at index 2 "
+                                           r"is out of range 0..9"):
         load_dataset("mnist", "train", folder, verify=False)
 
 
@@ -213,7 +217,8 @@ def test_idx_wrong_image_size(tmp_path):
     folder = tmp_path / "mnist"
     write_mnist(folder)
     write_idx(folder / "train-images-idx3-ubyte.gz", np.zeros((5, 14, 14), np.uint8), 2051)
-    with pytest.raises(DatasetError, match=r"mnist images should be 1x28x28 \(C, H, W\), got 1x14x14"):
+    with pytest.raises(DatasetError,
+                       match=r"mnist images should be 1x28x28 \(C, H, W\), got 1x14x14"):
         load_dataset("mnist", "train", folder, verify=False)
 
 
@@ -256,7 +261,8 @@ def test_missing_file_in_explicit_dir_names_folder_and_file(tmp_path, no_network
 
 
 def test_explicit_dir_that_does_not_exist(tmp_path, no_network):
-    with pytest.raises(DatasetError, match=f"the data folder {tmp_path / 'nowhere'} does not exist"):
+    with pytest.raises(DatasetError,
+                       match=f"the data folder {tmp_path / 'nowhere'} does not exist"):
         load_dataset("mnist", "test", tmp_path / "nowhere")
 
 
@@ -326,7 +332,8 @@ def test_download_with_wrong_checksum_leaves_nothing(tmp_path, monkeypatch):
 def test_cifar_bin_round_trip(tmp_path, small_cifar, no_network, form):
     batches = tmp_path / "cifar-10" / "cifar-10-batches-bin"
     images, labels = write_cifar(batches, "bin", "train")
-    data_dir = {"root": tmp_path, "dataset folder": tmp_path / "cifar-10", "batches folder": batches}[form]
+    data_dir = {"root": tmp_path, "dataset folder": tmp_path / "cifar-10",
+                "batches folder": batches}[form]
     x, y = load_dataset("cifar10", "train", data_dir, verify=False)
     assert x.shape == (5 * CIFAR_RECORDS, 3, 32, 32) and x.dtype == np.uint8
     assert y.shape == (5 * CIFAR_RECORDS,) and y.dtype == np.int64
@@ -347,7 +354,8 @@ def test_cifar_bin_plane_order(tmp_path, small_cifar):
 
 def test_cifar_bin_not_whole_records(tmp_path, small_cifar):
     (tmp_path / "test_batch.bin").write_bytes(bytes(3073 * CIFAR_RECORDS - 5))
-    with pytest.raises(DatasetError, match="test_batch.bin: 12287 bytes is not a whole number of 3073-byte records"):
+    with pytest.raises(DatasetError, match="test_batch.bin: 12287 bytes is not a whole number "
+                                           "of 3073-byte records"):
         load_dataset("cifar10", "test", tmp_path, verify=False)
 
 
@@ -361,7 +369,8 @@ def test_cifar_bin_label_out_of_range(tmp_path, small_cifar):
     images, labels = cifar_arrays(CIFAR_RECORDS, seed=0)
     labels[3] = 10
     write_cifar_bin(tmp_path / "test_batch.bin", images, labels)
-    with pytest.raises(DatasetError, match="test_batch.bin: label 10 at index 3 is out of range 0..9"):
+    with pytest.raises(DatasetError,
+                       match="test_batch.bin: label 10 at index 3 is out of range 0..9"):
         load_dataset("cifar10", "test", tmp_path, verify=False)
 
 
@@ -371,7 +380,7 @@ def test_cifar_bin_sha256_checked(tmp_path, small_cifar):
         load_dataset("cifar10", "test", tmp_path)
 
 
-# --------------------------------------------------------------------------- CIFAR-10 python version
+# -------------------------------------------------------------------------- CIFAR-10 python version
 
 
 @pytest.mark.parametrize("form", ["dataset folder", "batches folder"])
@@ -387,7 +396,8 @@ def test_cifar_py_round_trip(tmp_path, small_cifar, form):
 def test_cifar_py_wrong_structure(tmp_path, small_cifar):
     batch = {b"data": np.zeros((CIFAR_RECORDS, 1024), np.uint8), b"labels": [0] * CIFAR_RECORDS}
     (tmp_path / "test_batch").write_bytes(pickle.dumps(batch, protocol=4))
-    with pytest.raises(DatasetError, match=r"test_batch: b'data' should be a \(4, 3072\) uint8 array, got \(4, 1024\) uint8"):
+    with pytest.raises(DatasetError, match=r"test_batch: b'data' should be a \(4, 3072\) "
+                                           r"uint8 array, got \(4, 1024\) uint8"):
         load_dataset("cifar10", "test", tmp_path)
 
 
@@ -404,17 +414,20 @@ class RunsAShellCommand:
 def test_unpickler_refuses_code(tmp_path, small_cifar):
     marker = tmp_path / "it-ran"
     evil = pickle.dumps({b"data": RunsAShellCommand(f"touch {marker}"), b"labels": []}, protocol=4)
-    with pytest.raises(pickle.UnpicklingError, match=r"refusing to load global (posix|os|nt)\.system"):
+    with pytest.raises(pickle.UnpicklingError,
+                       match=r"refusing to load global (posix|os|nt)\.system"):
         data.RestrictedUnpickler(io.BytesIO(evil), encoding="bytes").load()
     (tmp_path / "test_batch").write_bytes(evil)
-    with pytest.raises(DatasetError, match=r"test_batch: cannot unpickle: refusing to load global .*system"):
+    with pytest.raises(DatasetError,
+                       match=r"test_batch: cannot unpickle: refusing to load global .*system"):
         load_dataset("cifar10", "test", tmp_path)
     assert not marker.exists()
 
 
 def test_unpickler_reads_numpy_arrays():
     array = np.arange(12, dtype=np.uint8).reshape(3, 4)
-    loaded = data.RestrictedUnpickler(io.BytesIO(pickle.dumps({b"a": array})), encoding="bytes").load()
+    loaded = data.RestrictedUnpickler(io.BytesIO(pickle.dumps({b"a": array})),
+                                      encoding="bytes").load()
     np.testing.assert_array_equal(loaded[b"a"], array)
 
 
@@ -436,8 +449,10 @@ def test_cifar_tarball(tmp_path, small_cifar, no_network, monkeypatch, form):
     tarball.parent.mkdir(parents=True)
     images, labels = cifar_bin_tarball(tarball)
     patch_archive_md5(monkeypatch, tarball)
-    patch_info(monkeypatch, "cifar10", sha256={})  # the small batch files have no registered SHA-256
-    data_dir = {"tarball": tarball, "folder holding it": tarball.parent, "root holding it": tmp_path / "downloads"}[form]
+    # the small batch files have no registered SHA-256
+    patch_info(monkeypatch, "cifar10", sha256={})
+    data_dir = {"tarball": tarball, "folder holding it": tarball.parent,
+                "root holding it": tmp_path / "downloads"}[form]
     x, y = load_dataset("cifar10", "test", data_dir)
     np.testing.assert_array_equal(x, images)
     np.testing.assert_array_equal(y, labels)
@@ -457,7 +472,8 @@ def test_cifar_python_tarball(tmp_path, small_cifar):
 def test_cifar_tarball_md5_checked(tmp_path, small_cifar):
     tarball = tmp_path / "cifar-10-binary.tar.gz"
     cifar_bin_tarball(tarball)
-    with pytest.raises(DatasetError, match="cifar-10-binary.tar.gz: MD5 mismatch: expected c32a1d4ab5d03f1284b67883e8d87530"):
+    with pytest.raises(DatasetError, match="cifar-10-binary.tar.gz: MD5 mismatch: "
+                                           "expected c32a1d4ab5d03f1284b67883e8d87530"):
         load_dataset("cifar10", "test", tarball)
 
 
@@ -482,7 +498,8 @@ def test_cifar_corrupted_tarball(tmp_path, small_cifar):
 def test_unknown_file_as_data_dir(tmp_path):
     path = tmp_path / "cifar.tgz"
     path.write_bytes(b"")
-    with pytest.raises(DatasetError, match="cifar.tgz is a file; cifar10 expects a folder or one of cifar-10-binary.tar.gz"):
+    with pytest.raises(DatasetError, match="cifar.tgz is a file; cifar10 expects a folder "
+                                           "or one of cifar-10-binary.tar.gz"):
         load_dataset("cifar10", "test", path)
 
 
@@ -561,7 +578,8 @@ def add_noise(x, rng):
 @pytest.mark.parametrize("start", [0, 2, 6, 7])
 def test_batches_resume_gives_the_tail_of_the_epoch(backend, start):
     images, labels = small_images(n=50)
-    batches = Batches(images, labels, 8, mean=MEAN, std=STD, shuffle=True, seed=3, augment=add_noise)
+    batches = Batches(images, labels, 8, mean=MEAN, std=STD, shuffle=True, seed=3,
+                      augment=add_noise)
     full = [(B.to_host(x), B.to_host(y)) for x, y in batches.epoch(5)]
     tail = [(B.to_host(x), B.to_host(y)) for x, y in batches.epoch(5, start=start)]
     assert len(full) == 7 and len(tail) == 7 - start
@@ -608,7 +626,8 @@ def test_batches_check_their_inputs():
 
 
 def real_data_root():
-    return Path(os.environ.get("TINYVIT_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data")
+    return Path(os.environ.get("TINYVIT_DATA")
+                or Path(__file__).resolve().parents[2] / "shared" / "data")
 
 
 REAL_DATA = real_data_root()
@@ -616,7 +635,8 @@ REAL_DATA = real_data_root()
 
 def read_sha256sums(folder):
     lines = (folder / "SHA256SUMS").read_text().split("\n")
-    return {name.lstrip("*"): digest for digest, name in (line.split() for line in lines if line.strip())}
+    return {name.lstrip("*"): digest
+            for digest, name in (line.split() for line in lines if line.strip())}
 
 
 @pytest.mark.slow

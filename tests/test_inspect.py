@@ -103,7 +103,8 @@ def test_pos_embed_similarity_known_angles(backend):
     model.pos_embed.data[...] = B.to_device(pe)
     sim = inspect.pos_embed_similarity(model)
     np.testing.assert_allclose(sim.reshape(16, 16), np.cos(t[:, None] - t[None, :]), atol=1e-12)
-    assert sim[0, 1, 2, 3] == pytest.approx(math.cos(0.1 * (1 - 11)))  # patch (0,1) is 1, (2,3) is 11
+    # patch (0,1) is 1, (2,3) is 11
+    assert sim[0, 1, 2, 3] == pytest.approx(math.cos(0.1 * (1 - 11)))
 
 
 # ---------------------------------------------------------------- attention rollout
@@ -149,7 +150,8 @@ def test_rollout_averages_heads_and_orders_layers(backend):
     layer1[0, 0, 1] = xp.asarray([0, 0, 1, 0, 0.0])
     layer2 = xp.eye(5)[None, None].copy()
     layer2[0, 0, 0] = xp.asarray([0, 1, 0, 0, 0.0])
-    np.testing.assert_array_equal(inspect.attention_rollout([layer1, layer2]), [[[0.25, 0.25], [0, 0]]])
+    np.testing.assert_array_equal(inspect.attention_rollout([layer1, layer2]),
+                                  [[[0.25, 0.25], [0, 0]]])
 
 
 def test_last_layer_attention_reads_the_class_row(backend):
@@ -173,7 +175,8 @@ def test_last_layer_attention_of_a_mean_pooled_model_averages_the_patch_rows(bac
     heads = inspect.last_layer_attention(model)
     attn = B.to_host(model.attention_maps()[-1])
     np.testing.assert_allclose(heads[2, 1, 0], attn[2, 1, 1:, 1:5].mean(axis=0), rtol=1e-12)
-    np.testing.assert_allclose(heads.sum(axis=(2, 3)), 1 - attn[:, :, 1:, 0].mean(axis=2), atol=1e-12)
+    np.testing.assert_allclose(heads.sum(axis=(2, 3)), 1 - attn[:, :, 1:, 0].mean(axis=2),
+                               atol=1e-12)
 
 
 # ---------------------------------------------------------------- attention distance
@@ -216,7 +219,8 @@ def test_mean_attention_distance_runs_the_model_in_batches(backend):
     model = small_model()
     x = images(5)
     distances = inspect.mean_attention_distance(model, x, batch_size=2)  # batches of 2, 2, 1
-    assert distances.shape == (2, 2) and model.training and not model.keeps_attention  # modes restored
+    # modes restored
+    assert distances.shape == (2, 2) and model.training and not model.keeps_attention
     with pytest.raises(RuntimeError, match="call model.keep_attention"):
         model.attention_maps()
     model.keep_attention()
@@ -293,7 +297,8 @@ def test_resized_model_runs_and_keeps_its_weights(backend):
     np.testing.assert_array_equal(new["pos_embed"][0, 0], old["pos_embed"][0, 0])
     same = resize_image(model, 28)
     np.testing.assert_array_equal(same.state_dict()["pos_embed"], old["pos_embed"])
-    np.testing.assert_array_equal(B.to_host(same.forward(images(2))), B.to_host(model.forward(images(2))))
+    np.testing.assert_array_equal(B.to_host(same.forward(images(2))),
+                                  B.to_host(model.forward(images(2))))
     with pytest.raises(ValueError, match="image_size 30 is not divisible by patch_size 7"):
         resize_image(model, 30)
 
@@ -350,7 +355,8 @@ def test_cli_writes_every_picture(checkpoint, stripes, tmp_path, capsys):  # noq
         assert image.height < 2 * 160  # one row: the one image given
 
     # no --image: the first test images, into <checkpoint folder>/inspect
-    assert inspect.main([str(checkpoint.parent), "--data-dir", str(stripes), "--num-maps", "3"]) == 0
+    assert inspect.main([str(checkpoint.parent), "--data-dir", str(stripes),
+                         "--num-maps", "3"]) == 0
     with Image.open(checkpoint.parent / "inspect" / "attention_maps.png") as image:
         assert image.height > 3 * 112
 
@@ -359,7 +365,8 @@ def test_cli_without_the_dataset_uses_the_images_given(checkpoint, tmp_path, cap
     picture = digit_file(tmp_path / "three.png")
     empty = tmp_path / "empty"
     empty.mkdir()
-    args = [str(checkpoint), "--image", str(picture), "--data-dir", str(empty), "--out", str(tmp_path / "o")]
+    args = [str(checkpoint), "--image", str(picture), "--data-dir", str(empty),
+            "--out", str(tmp_path / "o")]
     assert inspect.main(args) == 0
     assert "note: mnist test set not available" in capsys.readouterr().out
     assert (tmp_path / "o" / "attention_distance.png").is_file()

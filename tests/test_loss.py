@@ -22,7 +22,8 @@ def logits_and_labels(batch=5, classes=7, seed=0):
 def mixup_targets(batch=5, classes=7, seed=1):
     """Rows lam * onehot(a) + (1 - lam) * onehot(b), as mixup makes them (a may equal b)."""
     rng = B.host_rng(seed)
-    a, b, lam = rng.integers(0, classes, batch), rng.integers(0, classes, batch), rng.uniform(0.2, 0.8, batch)
+    a, b, lam = (rng.integers(0, classes, batch), rng.integers(0, classes, batch),
+                 rng.uniform(0.2, 0.8, batch))
     t = np.zeros((batch, classes))
     t[np.arange(batch), a] += lam
     t[np.arange(batch), b] += 1 - lam
@@ -44,7 +45,8 @@ def loss_by_hand(z, labels, smoothing):
     definition of label smoothing), written as a sum over rows."""
     log_p = log_softmax_by_hand(z)
     K = z.shape[1]
-    rows = [(1 - smoothing) * -log_p[b, y] + smoothing * -sum(log_p[b]) / K for b, y in enumerate(labels)]
+    rows = [(1 - smoothing) * -log_p[b, y] + smoothing * -sum(log_p[b]) / K
+            for b, y in enumerate(labels)]
     return sum(rows) / len(rows)
 
 
@@ -107,7 +109,8 @@ def test_huge_logits_are_stable(backend, dtype):
     assert value.dtype == np.dtype(dtype)
     dz = B.to_host(loss.backward())
     off = 0.1 / 3
-    expected_dz = np.array([[1 - (0.9 + off), -off, -off], [-off, 0.5 - off, 0.5 - (0.9 + off)]]) / 2
+    expected_dz = np.array([[1 - (0.9 + off), -off, -off],
+                            [-off, 0.5 - off, 0.5 - (0.9 + off)]]) / 2
     np.testing.assert_allclose(dz, expected_dz, rtol=1e-6 if dtype == "float32" else 1e-15)
 
 
@@ -130,7 +133,8 @@ def test_backward_is_softmax_minus_target_over_batch(backend):
     t[np.arange(5), y] += 0.8
     np.testing.assert_allclose(B.to_host(loss.backward()), (p - t) / 5, rtol=1e-13, atol=1e-16)
     loss, _ = run(0.2, z, y)  # each forward serves one backward
-    np.testing.assert_allclose(B.to_host(loss.backward(3.0)), 3 * (p - t) / 5, rtol=1e-13, atol=1e-16)
+    np.testing.assert_allclose(B.to_host(loss.backward(3.0)), 3 * (p - t) / 5,
+                               rtol=1e-13, atol=1e-16)
 
 
 @pytest.mark.parametrize("target", ["labels", "labels_smoothed", "soft"])
@@ -169,10 +173,13 @@ def test_labels_out_of_range(backend, labels, message):
 @pytest.mark.parametrize(
     "logits, target, message",
     [
-        (np.zeros((3, 5)), np.zeros((3, 1), np.int64), r"expected labels of shape \(3,\), got \(3, 1\)"),
+        (np.zeros((3, 5)), np.zeros((3, 1), np.int64),
+         r"expected labels of shape \(3,\), got \(3, 1\)"),
         (np.zeros((3, 5)), np.zeros(4, np.int64), r"expected labels of shape \(3,\), got \(4,\)"),
-        (np.zeros((3, 5), np.int64), np.zeros(3, np.int64), "expected float logits, got dtype int64"),
-        (np.zeros((3, 5)), np.zeros((3, 4)), r"soft targets must be \(B, K\) = \(3, 5\), got \(3, 4\)"),
+        (np.zeros((3, 5), np.int64), np.zeros(3, np.int64),
+         "expected float logits, got dtype int64"),
+        (np.zeros((3, 5)), np.zeros((3, 4)),
+         r"soft targets must be \(B, K\) = \(3, 5\), got \(3, 4\)"),
         (np.zeros((3, 5)), np.zeros(3), r"soft targets must be \(B, K\) = \(3, 5\), got \(3,\)"),
         (np.zeros(5), np.zeros(1, np.int64), r"expected logits \(B, K\), got shape \(5,\)"),
         (np.zeros((3, 5)), np.zeros(3, bool), "expected integer labels, got dtype bool"),
@@ -190,5 +197,6 @@ def test_bad_label_smoothing(smoothing):
 
 
 def test_backward_before_forward():
-    with pytest.raises(RuntimeError, match="SoftmaxCrossEntropy.backward called without a forward before it"):
+    with pytest.raises(RuntimeError,
+                       match="SoftmaxCrossEntropy.backward called without a forward before it"):
         SoftmaxCrossEntropy().backward()

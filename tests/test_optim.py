@@ -46,7 +46,8 @@ def random_grads(model, step, seed=7):
 
 def constant_grads(model):
     # entries of both signs and several sizes; none near 0 (AdamW divides by |g|)
-    return {n: np.linspace(-1.5, 2.0, p.data.size).reshape(p.shape) + 0.05 for n, p in model.named_parameters()}
+    return {n: np.linspace(-1.5, 2.0, p.data.size).reshape(p.shape) + 0.05
+            for n, p in model.named_parameters()}
 
 
 def write_grads(model, grads):
@@ -142,7 +143,8 @@ def test_sgd_nesterov_needs_momentum():
     (lambda m: SGD(m, momentum=-0.9), "SGD: momentum must be at least 0, got -0.9"),
     (lambda m: AdamW(m, weight_decay=-1), "AdamW: weight_decay must be at least 0, got -1"),
     (lambda m: AdamW(m, eps=-1e-8), "AdamW: eps must be at least 0, got -1e-08"),
-    (lambda m: AdamW(m, betas=(0.9, 1.0)), r"AdamW: betas must each be in \[0, 1\), got \(0.9, 1.0\)"),
+    (lambda m: AdamW(m, betas=(0.9, 1.0)),
+     r"AdamW: betas must each be in \[0, 1\), got \(0.9, 1.0\)"),
 ])
 def test_settings_out_of_range_are_named(make, message):
     with pytest.raises(ValueError, match=message):
@@ -165,11 +167,14 @@ def test_adamw_first_step(backend):
     write_grads(model, g)
     opt.step()
     expected = {
-        n: (1 - lr * wd if n in DECAYED else 1.0) * p0[n] - lr * g[n] / (np.abs(g[n]) + eps) for n in NAMES
+        n: (1 - lr * wd if n in DECAYED else 1.0) * p0[n] - lr * g[n] / (np.abs(g[n]) + eps)
+        for n in NAMES
     }
     assert_params(model, expected)
     state = opt.state_dict()
-    np.testing.assert_allclose(B.to_host(state["m"]), 0.2 * np.concatenate([g[n].ravel() for n in NAMES]), rtol=1e-15)
+    np.testing.assert_allclose(
+        B.to_host(state["m"]), 0.2 * np.concatenate([g[n].ravel() for n in NAMES]), rtol=1e-15
+    )
     np.testing.assert_allclose(
         B.to_host(state["v"]), 0.05 * np.concatenate([g[n].ravel() ** 2 for n in NAMES]), rtol=1e-14
     )
@@ -210,7 +215,11 @@ def test_step_lr_overrides_default_lr(backend):
 
 TORCH_CASES = {
     "sgd": (lambda m: SGD(m, lr=0.1, momentum=0.0, weight_decay=0.05), "SGD", dict(momentum=0.0)),
-    "sgd_momentum": (lambda m: SGD(m, lr=0.1, momentum=0.9, weight_decay=0.05), "SGD", dict(momentum=0.9)),
+    "sgd_momentum": (
+        lambda m: SGD(m, lr=0.1, momentum=0.9, weight_decay=0.05),
+        "SGD",
+        dict(momentum=0.9),
+    ),
     "sgd_nesterov": (
         lambda m: SGD(m, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.05),
         "SGD",
@@ -261,7 +270,8 @@ def test_matches_torch_optim(backend, case):
 # ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("make", [lambda m: SGD(m, lr=0.5, momentum=0.0), lambda m: AdamW(m, lr=0.5, weight_decay=0.0)])
+@pytest.mark.parametrize("make", [lambda m: SGD(m, lr=0.5, momentum=0.0),
+                                  lambda m: AdamW(m, lr=0.5, weight_decay=0.0)])
 def test_update_is_in_place_through_flat_buffers(backend, make):
     model = Tiny()
     opt = make(model)
@@ -272,12 +282,14 @@ def test_update_is_in_place_through_flat_buffers(backend, make):
     opt.step()
     assert model.fc.weight.data is weight and model.norm.bias.data is norm_bias
     assert opt.data is flat_before
-    assert B.xp.shares_memory(weight, opt.data) and B.xp.shares_memory(model.fc.weight.grad, opt.grad)
+    assert (B.xp.shares_memory(weight, opt.data)
+            and B.xp.shares_memory(model.fc.weight.grad, opt.grad))
     after = values(model)
     np.testing.assert_array_equal(B.to_host(weight), after["fc.weight"])
     np.testing.assert_array_equal(B.to_host(norm_bias), after["norm.bias"])
     assert not np.array_equal(after["fc.weight"], before["fc.weight"])
-    np.testing.assert_array_equal(B.to_host(opt.data), np.concatenate([after[n].ravel() for n in NAMES]))
+    np.testing.assert_array_equal(B.to_host(opt.data),
+                                  np.concatenate([after[n].ravel() for n in NAMES]))
 
 
 def test_zero_grad_clears_the_flat_gradient(backend):
@@ -308,7 +320,8 @@ def test_state_dict_round_trip_gives_identical_steps(backend, make, keys):
     for step in range(3):
         write_grads(model, random_grads(model, step))
         opt.step()
-    state = {k: B.to_host(v).copy() for k, v in opt.state_dict().items()}  # as a checkpoint holds it
+    # as a checkpoint holds it
+    state = {k: B.to_host(v).copy() for k, v in opt.state_dict().items()}
     assert sorted(state) == keys and int(state["t"]) == 3
 
     resumed_model = Tiny(seed=5)  # other weights and a fresh optimizer
@@ -324,7 +337,8 @@ def test_state_dict_round_trip_gives_identical_steps(backend, make, keys):
         resumed.step()
     np.testing.assert_array_equal(B.to_host(resumed.data), B.to_host(opt.data))
     for k in keys:
-        np.testing.assert_array_equal(B.to_host(resumed.state_dict()[k]), B.to_host(opt.state_dict()[k]))
+        np.testing.assert_array_equal(B.to_host(resumed.state_dict()[k]),
+                                      B.to_host(opt.state_dict()[k]))
 
 
 def test_resuming_without_state_differs(backend):
@@ -349,7 +363,8 @@ def test_load_state_dict_wrong_key():
     opt = AdamW(Tiny())
     state = opt.state_dict()
     state["mm"] = state.pop("m")
-    with pytest.raises(ValueError, match=r"AdamW state: expected keys \['m', 't', 'v'\], got \['mm', 't', 'v'\]"):
+    with pytest.raises(ValueError, match=r"AdamW state: expected keys \['m', 't', 'v'\], "
+                                         r"got \['mm', 't', 'v'\]"):
         opt.load_state_dict(state)
     sgd = SGD(Tiny())
     with pytest.raises(ValueError, match=r"SGD state: expected keys \['buf', 't'\], got \['t'\]"):
@@ -387,10 +402,13 @@ def test_warmup_cosine_values():
     assert warmup_cosine(4, **kw) == 0.5
     assert warmup_cosine(9, **kw) == 1.0  # end of warmup
     assert warmup_cosine(10, **kw) == 1.0  # cosine starts at the peak
-    assert warmup_cosine(60, **kw) == pytest.approx(0.55, rel=1e-15, abs=0)  # midpoint: (peak + min) / 2
-    assert warmup_cosine(35, **kw) == pytest.approx(0.1 + 0.45 * (1 + math.sqrt(0.5)), rel=1e-15, abs=0)
+    # midpoint: (peak + min) / 2
+    assert warmup_cosine(60, **kw) == pytest.approx(0.55, rel=1e-15, abs=0)
+    assert warmup_cosine(35, **kw) == pytest.approx(0.1 + 0.45 * (1 + math.sqrt(0.5)),
+                                                    rel=1e-15, abs=0)
     # the last step of a 110-step run, 99/100 of the way: cos(0.99 pi) = -cos(0.01 pi)
-    assert warmup_cosine(109, **kw) == pytest.approx(0.1 + 0.45 * (1 - math.cos(math.pi / 100)), rel=1e-13, abs=0)
+    assert warmup_cosine(109, **kw) == pytest.approx(0.1 + 0.45 * (1 - math.cos(math.pi / 100)),
+                                                     rel=1e-13, abs=0)
     assert warmup_cosine(110, **kw) == 0.1
     assert warmup_cosine(111, **kw) == 0.1 and warmup_cosine(10_000, **kw) == 0.1  # clamped
 
@@ -406,7 +424,8 @@ def test_warmup_cosine_shape():
 
 def test_warmup_cosine_without_warmup_or_floor():
     assert warmup_cosine(0, total_steps=4, warmup_steps=0, peak_lr=2.0) == 2.0
-    assert warmup_cosine(2, total_steps=4, warmup_steps=0, peak_lr=2.0) == pytest.approx(1.0, rel=1e-15)
+    assert (warmup_cosine(2, total_steps=4, warmup_steps=0, peak_lr=2.0)
+            == pytest.approx(1.0, rel=1e-15))
     assert warmup_cosine(4, total_steps=4, warmup_steps=0, peak_lr=2.0) == 0.0
 
 
@@ -420,7 +439,8 @@ def test_clip_grad_norm_above_max(backend):
     norm = clip_grad_norm(grad, 6.5)
     assert float(norm) == 13.0
     np.testing.assert_allclose(
-        B.to_host(grad), np.array([3.0, -4.0, 0.0, 12.0]) * (6.5 / (13.0 + 1e-6)), rtol=1e-15, atol=0
+        B.to_host(grad), np.array([3.0, -4.0, 0.0, 12.0]) * (6.5 / (13.0 + 1e-6)),
+        rtol=1e-15, atol=0
     )
     assert float(B.xp.sqrt((grad * grad).sum())) == pytest.approx(6.5, rel=1e-6)
 
@@ -458,5 +478,6 @@ def test_clip_grad_norm_matches_torch(backend, max_norm):
     norm = clip_grad_norm(flat, max_norm)
     assert float(norm) == pytest.approx(float(torch_norm), rel=1e-14)
     np.testing.assert_allclose(
-        B.to_host(flat), np.concatenate([p.grad.numpy().ravel() for p in params]), rtol=1e-14, atol=0
+        B.to_host(flat), np.concatenate([p.grad.numpy().ravel() for p in params]),
+        rtol=1e-14, atol=0
     )

@@ -84,12 +84,14 @@ def test_a_worker_that_dies_is_named(float64):
     with DataParallel(model, 2, max_batch=4) as parallel:
         parallel.processes[1].kill()
         parallel.processes[1].join()
-        with pytest.raises(RuntimeError, match="worker process exited unexpectedly: tinyvit-worker-1"):
+        with pytest.raises(RuntimeError,
+                           match="worker process exited unexpectedly: tinyvit-worker-1"):
             parallel.forward(batch(4)[0])
 
 
 def test_an_error_inside_a_worker_comes_back_with_its_traceback(float64):
-    model = ViT(dropout=0.1, **SMALL)  # dropout: so the workers seed generators, and a bad seed fails
+    # dropout: so the workers seed generators, and a bad seed fails
+    model = ViT(dropout=0.1, **SMALL)
     with DataParallel(model, 2, max_batch=4) as parallel:
         x, _ = batch(4)
         with pytest.raises(RuntimeError, match="(?s)tinyvit worker 0 failed:.*Traceback"):

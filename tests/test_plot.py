@@ -135,7 +135,8 @@ def curves():
         P.Panel("loss", "epoch", "cross-entropy",
                 [P.Series("train", epochs, loss), P.Series("test", epochs, loss + 0.05)]),
         P.Panel("accuracy", "epoch", "accuracy",
-                [P.Series("train", epochs, 1 - loss / 3), P.Series("test", epochs, 0.97 - loss / 3)]),
+                [P.Series("train", epochs, 1 - loss / 3),
+                 P.Series("test", epochs, 0.97 - loss / 3)]),
     ]
 
 
@@ -164,14 +165,16 @@ def test_line_chart_draws_a_single_point_as_a_marker(tmp_path):
 
 def test_line_chart_constant_series_is_a_flat_line(tmp_path):
     panel = P.Panel("flat", "step", "value", [P.Series("c", [0, 1, 2, 3], [0.5] * 4)])
-    rows, _ = np.nonzero(np.all(load(P.line_chart(panel, tmp_path / "flat.png")) == P.PALETTE[0], axis=-1))
+    rows, _ = np.nonzero(np.all(load(P.line_chart(panel, tmp_path / "flat.png")) == P.PALETTE[0],
+                                axis=-1))
     assert rows.size > 300 and rows.max() - rows.min() <= 2
 
 
 def test_line_chart_styles(tmp_path):
     def drawn(style):
         series = [P.Series("s", [0, 10], [0, 10], style=style, color=(200, 0, 0))]
-        return count(load(P.line_chart(P.Panel("t", "x", "y", series), tmp_path / f"{style}.png")), (200, 0, 0))
+        return count(load(P.line_chart(P.Panel("t", "x", "y", series), tmp_path / f"{style}.png")),
+                     (200, 0, 0))
 
     markers, line, both = drawn("markers"), drawn("line"), drawn("both")
     assert 40 <= markers <= 100  # two markers of radius 3.5, no line
@@ -189,7 +192,8 @@ def test_series_checks_its_arguments():
 
 def test_heatmap_cell_colours_follow_values(tmp_path):
     m = np.array([[0.1, 0.4], [0.7, 0.9]])
-    pixels = load(P.heatmap(m, tmp_path / "m.png", "m", "col", "row", annotate=False, vmin=0, vmax=1))
+    pixels = load(P.heatmap(m, tmp_path / "m.png", "m", "col", "row",
+                            annotate=False, vmin=0, vmax=1))
     centres = {}
     for (i, j), v in np.ndenumerate(m):
         colour = P.colormap(v, 0, 1)
@@ -222,7 +226,8 @@ def test_heatmap_writes_numbers_in_contrasting_colours(tmp_path):
 
 def test_confusion_matrix_with_long_class_names(tmp_path):
     cm = np.random.default_rng(0).integers(0, 50, (10, 10)) + np.diag(np.full(10, 900))
-    pixels = load(P.heatmap(cm, tmp_path / "cm.png", "confusion matrix", "predicted", "true", FASHION, FASHION))
+    pixels = load(P.heatmap(cm, tmp_path / "cm.png", "confusion matrix", "predicted", "true",
+                            FASHION, FASHION))
     assert pixels.shape[0] >= 10 * 48 and pixels.shape[1] >= 10 * 48
     long_names = [name * 20 for name in FASHION]
     wide = load(P.heatmap(cm, tmp_path / "long.png", "confusion matrix", "predicted", "true",
@@ -243,18 +248,22 @@ def test_heatmap_grid_of_position_similarities(tmp_path):
     emb /= np.linalg.norm(emb, axis=1, keepdims=True)
     sim = (emb @ emb.T).reshape(7, 7, 7, 7)  # sim[r, c, r, c] = 1
     pixels = load(P.heatmap_grid(sim, tmp_path / "pos.png", "position embedding similarity",
-                                 row_labels=range(1, 8), col_labels=range(1, 8), row_title="input patch row",
-                                 col_title="input patch column", cmap="coolwarm", vmin=-1, vmax=1))
+                                 row_labels=range(1, 8), col_labels=range(1, 8),
+                                 row_title="input patch row", col_title="input patch column",
+                                 cmap="coolwarm", vmin=-1, vmax=1))
     tile = 7 * 7  # 7x7 maps upscaled 7 times
     assert pixels.shape[0] >= 7 * tile and pixels.shape[1] >= 7 * tile
-    assert count(pixels, COOLWARM[-1]) >= 49 * tile  # each map's own patch: one cell of similarity 1
+    # each map's own patch: one cell of similarity 1
+    assert count(pixels, COOLWARM[-1]) >= 49 * tile
 
 
 def test_heatmap_grid_of_flat_maps_with_titles(tmp_path):
     maps = np.arange(6, dtype=float)[:, None, None] * np.ones((6, 4, 4))
-    pixels = load(P.heatmap_grid(maps, tmp_path / "g.png", cols=3, cell_titles=[f"head {h}" for h in range(6)]))
+    pixels = load(P.heatmap_grid(maps, tmp_path / "g.png", cols=3,
+                                 cell_titles=[f"head {h}" for h in range(6)]))
     for v in range(6):
-        assert count(pixels, P.colormap(v, 0, 5)) >= 12 * 12 * 4  # a whole 4x4 map upscaled 12 times
+        # a whole 4x4 map upscaled 12 times
+        assert count(pixels, P.colormap(v, 0, 5)) >= 12 * 12 * 4
 
 
 def test_heatmap_grid_checks_its_arguments(tmp_path):
@@ -312,7 +321,8 @@ def test_overlay_with_alpha_zero_is_the_image():
 def test_overlay_with_alpha_one_is_the_upsampled_heat():
     heat = np.tile(np.arange(7.0), (7, 1))  # rising left to right
     out = P.overlay(np.zeros((28, 28, 3), dtype=np.uint8), heat, alpha=1.0)
-    np.testing.assert_array_equal(out[:, :2], np.broadcast_to(VIRIDIS[0], (28, 2, 3)))  # clamped edges
+    # clamped edges
+    np.testing.assert_array_equal(out[:, :2], np.broadcast_to(VIRIDIS[0], (28, 2, 3)))
     np.testing.assert_array_equal(out[:, -2:], np.broadcast_to(VIRIDIS[-1], (28, 2, 3)))
     np.testing.assert_array_equal(out, out[:1].repeat(28, axis=0))  # no change down a column
     positions = [cmap_position(rgb) for rgb in out[0]]
@@ -328,8 +338,8 @@ def test_save_panels_upscales_small_images(tmp_path):
     red = np.zeros((28, 28, 3), dtype=np.uint8)
     red[..., 0] = 255
     gray = np.random.default_rng(0).random((28, 28))
-    pixels = load(P.save_panels([gray, red, P.overlay(gray, np.eye(7))], tmp_path / "p.png", "attention",
-                                ["input", "red", "rollout"]))
+    pixels = load(P.save_panels([gray, red, P.overlay(gray, np.eye(7))], tmp_path / "p.png",
+                                "attention", ["input", "red", "rollout"]))
     assert count(pixels, (255, 0, 0)) == 196 * 196
     assert pixels.shape[0] > 196 + P.LABEL and pixels.shape[1] >= 3 * 196
     with pytest.raises(ValueError, match="captions: expected 2, got 1"):

@@ -13,16 +13,16 @@ import pytest
 torch = pytest.importorskip("torch")
 
 sys.path.insert(0, os.path.dirname(__file__))
-from torch_reference import torch_vit_from  # noqa: E402
-
 from conftest import jitter  # noqa: E402
 from tinyvit import backend as B  # noqa: E402
 from tinyvit.loss import SoftmaxCrossEntropy  # noqa: E402
 from tinyvit.model import ViT  # noqa: E402
 from tinyvit.optim import AdamW  # noqa: E402
+from torch_reference import torch_vit_from  # noqa: E402
 
 CONFIG = dict(
-    image_size=12, patch_size=4, in_channels=1, num_classes=5, embed_dim=12, depth=2, num_heads=3, mlp_ratio=2.0
+    image_size=12, patch_size=4, in_channels=1, num_classes=5, embed_dim=12, depth=2, num_heads=3,
+    mlp_ratio=2.0
 )
 LABELS = np.array([0, 3, 1, 4])
 SMOOTHING = 0.1
@@ -67,7 +67,8 @@ def test_logits_loss_and_every_gradient_match_torch(tier, pool):
 
     xt = torch.tensor(x, requires_grad=True)
     logits_t = reference(xt)
-    loss_t = torch.nn.functional.cross_entropy(logits_t, torch.from_numpy(LABELS), label_smoothing=SMOOTHING)
+    loss_t = torch.nn.functional.cross_entropy(logits_t, torch.from_numpy(LABELS),
+                                               label_smoothing=SMOOTHING)
     loss_t.backward()
 
     np.testing.assert_allclose(B.to_host(logits), logits_t.detach().numpy(), rtol=1e-12, atol=1e-12)

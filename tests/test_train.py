@@ -15,7 +15,11 @@ import pytest
 from PIL import Image
 
 import train_mnist
-from conftest import MNIST_FILES, TINY_MODEL, patch_info, sha256, stripe_images, tiny_config, write_idx
+from conftest import (
+    TINY_MODEL,
+    stripe_images,
+    tiny_config,
+)
 from tinyvit import backend as B
 from tinyvit.checkpoint import CheckpointError, load_checkpoint
 from tinyvit.data import DatasetError
@@ -53,17 +57,21 @@ def test_eval_every_evaluates_those_epochs_and_the_last(stripes, tmp_path, capsy
     assert all(row["test_loss"] is None for row in history if row["epoch"] in (1, 3))
     assert "epoch 1: train loss" in capsys.readouterr().out
     _, _, best = load_checkpoint(tmp_path / "run" / "best.npz")
-    best_row = max((row for row in history if row["test_acc"] is not None), key=lambda row: row["test_acc"])
+    best_row = max((row for row in history if row["test_acc"] is not None),
+                   key=lambda row: row["test_acc"])
     assert best["epoch"] + 1 == best_row["epoch"]  # saved as that epoch ended
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
-    assert metrics["epochs"][0]["test_acc"] is None and sum(map(sum, metrics["confusion_matrix"])) == 100
+    assert (metrics["epochs"][0]["test_acc"] is None
+            and sum(map(sum, metrics["confusion_matrix"])) == 100)
 
 
-# stop after step 4 (mid-epoch 1), 10 (end of epoch 1), 15 (mid-epoch 2); with 2 worker processes too
+# stop after step 4 (mid-epoch 1), 10 (end of epoch 1), 15 (mid-epoch 2);
+# with 2 worker processes too
 @pytest.mark.parametrize("stop_after, workers", [(4, 1), (10, 1), (15, 1), (4, 2)])
 def test_resumed_run_ends_with_the_same_weights(stripes, tmp_path, stop_after, workers):
     """10 steps per epoch; dropout on, so the seeded masks must line up too."""
-    config = dict(model_overrides={**TINY_MODEL, "dropout": 0.1}, max_shift=2, mixup=0.4, workers=workers)
+    config = dict(model_overrides={**TINY_MODEL, "dropout": 0.1}, max_shift=2, mixup=0.4,
+                  workers=workers)
     fit(tiny_config(stripes, tmp_path / "straight", **config))
     with pytest.raises(KeyboardInterrupt):
         fit(tiny_config(stripes, tmp_path / "resumed", **config), stop_after_steps=stop_after)
@@ -102,7 +110,8 @@ def test_ctrl_c_during_evaluation_saves_and_resumes(stripes, tmp_path, monkeypat
     resumed, _, resumed_meta = final_weights(tmp_path / "resumed")
     for key in straight:
         np.testing.assert_array_equal(resumed[key], straight[key], err_msg=key)
-    assert [r["test_acc"] for r in resumed_meta["history"]] == [r["test_acc"] for r in straight_meta["history"]]
+    assert ([r["test_acc"] for r in resumed_meta["history"]]
+            == [r["test_acc"] for r in straight_meta["history"]])
 
 
 def test_checkpoint_rebuilds_the_model(stripes, tmp_path):
@@ -137,8 +146,8 @@ def draw_stripes(path, label, inverted=False, size=112):
 def test_cli_trains_evaluates_and_predicts(stripes, tmp_path, capsys):
     out = tmp_path / "cli"
     args = ["--data-dir", str(stripes), "--out", str(out), "--epochs", "5", "--batch-size", "32",
-            "--embed-dim", "16", "--depth", "1", "--num-heads", "2", "--lr", "1e-2", "--warmup", "0.5",
-            "--shift", "0"]
+            "--embed-dim", "16", "--depth", "1", "--num-heads", "2", "--lr", "1e-2",
+            "--warmup", "0.5", "--shift", "0"]
     assert train_mnist.main(args) == 0
     assert (out / "best.npz").is_file() and (out / "curves.png").is_file()
     _, _, meta = load_checkpoint(out / "best.npz")
@@ -152,7 +161,8 @@ def test_cli_trains_evaluates_and_predicts(stripes, tmp_path, capsys):
     for inverted in (False, True):
         picture = tmp_path / f"three_{inverted}.png"
         draw_stripes(picture, 3, inverted=inverted)
-        assert train_mnist.main(["--predict", str(picture), "--checkpoint", str(out / "best.npz")]) == 0
+        assert train_mnist.main(["--predict", str(picture),
+                                 "--checkpoint", str(out / "best.npz")]) == 0
         lines = capsys.readouterr().out.strip().splitlines()
         assert len(lines) == 3
         assert lines[0].startswith("3: ")
@@ -182,9 +192,12 @@ def test_cli_rejects_a_flag_out_of_range_in_one_line(tmp_path, capsys, flags, me
      "--eval takes only --data-dir and --test-subset: it would ignore --lr"),
     (["--predict", "a.png", "--checkpoint", "best.npz", "--seed", "2"],
      "--predict takes only --checkpoint: it would ignore --seed"),
-    (["--eval", "best.npz", "--predict", "a.png"], "--eval and --predict are separate modes: give one"),
-    (["--checkpoint", "best.npz"], "--predict IMAGE and --checkpoint CKPT go together: give both or neither"),
-    (["--predict", "a.png"], "--predict IMAGE and --checkpoint CKPT go together: give both or neither"),
+    (["--eval", "best.npz", "--predict", "a.png"],
+     "--eval and --predict are separate modes: give one"),
+    (["--checkpoint", "best.npz"],
+     "--predict IMAGE and --checkpoint CKPT go together: give both or neither"),
+    (["--predict", "a.png"],
+     "--predict IMAGE and --checkpoint CKPT go together: give both or neither"),
 ])
 def test_cli_rejects_flags_its_mode_would_ignore(tmp_path, capsys, monkeypatch, args, message):
     monkeypatch.chdir(tmp_path)
@@ -200,14 +213,16 @@ def test_cli_mode_is_decided_once_so_an_empty_resume_resumes(tmp_path, monkeypat
     assert list(tmp_path.iterdir()) == []  # no fresh run started in runs/
 
 
-GARBAGE = "garbage.npz: expected a .npz file (a zip archive), got a file that does not start with the zip signature"
+GARBAGE = ("garbage.npz: expected a .npz file (a zip archive), got a file that does not start "
+           "with the zip signature")
 
 
 @pytest.mark.parametrize("args, message", [
     (["--eval", "missing.npz"], "no such checkpoint file: missing.npz"),
     (["--eval", "garbage.npz"], GARBAGE),
     (["--predict", "a.png", "--checkpoint", "garbage.npz"], GARBAGE),
-    (["--data-dir", "nowhere", "--out", "run"], "mnist train: the data folder nowhere does not exist"),
+    (["--data-dir", "nowhere", "--out", "run"],
+     "mnist train: the data folder nowhere does not exist"),
 ])
 def test_cli_reports_a_bad_file_in_one_line(tmp_path, monkeypatch, capsys, args, message):
     monkeypatch.chdir(tmp_path)
@@ -222,11 +237,12 @@ def test_cifar10_gpu_recipe_is_the_one_measured():
     c = train_mnist.make_config(args)
     assert (c.dataset, c.backend, c.workers, c.epochs, c.batch_size, c.lr, c.warmup_epochs) == (
         "cifar10", "cupy", 1, 125, 256, 1e-3, 5)
-    assert (c.max_shift, c.flip, c.erasing, c.mixup, c.cutmix, c.label_smoothing) == (4, True, 0.25, 0.8, 1.0, 0.1)
+    assert (c.max_shift, c.flip, c.erasing, c.mixup, c.cutmix, c.label_smoothing) == (
+        4, True, 0.25, 0.8, 1.0, 0.1)
     assert (c.out_dir, c.eval_every) == ("runs/cifar10-gpu", 10)
     model = ViT(c.model_config())  # on the test's backend: the config only names CuPy
-    assert (model.config.embed_dim, model.config.depth, model.config.num_heads, model.config.pool) == (
-        256, 7, 4, "mean")
+    assert (model.config.embed_dim, model.config.depth, model.config.num_heads,
+            model.config.pool) == (256, 7, 4, "mean")
     assert model.num_parameters() == 3_722_250
 
 
@@ -236,7 +252,8 @@ def test_cli_reports_a_missing_cupy_in_one_line(tmp_path, monkeypatch, capsys, a
     monkeypatch.setitem(sys.modules, "cupy", None)  # `import cupy` raises ImportError, GPU or not
     assert train_mnist.main(args + ["--data-dir", "nowhere"]) == 1
     assert capsys.readouterr().err == (
-        "train_mnist.py: error: backend 'cupy' needs CuPy: install it with `pip install tinyvit[gpu]` "
+        "train_mnist.py: error: backend 'cupy' needs CuPy: "
+        "install it with `pip install tinyvit[gpu]` "
         "(or the cupy-cudaXXx wheel matching your CUDA)\n")
     assert list(tmp_path.iterdir()) == []  # nothing written
 
@@ -249,7 +266,8 @@ def test_predict_rejects_a_file_that_is_not_an_image(stripes, tmp_path, capsys):
     with pytest.raises(DatasetError, match="cannot read image .*notes.png"):
         predict(model, config, not_image)
     best = (tmp_path / "run" / "best.npz").read_bytes()
-    assert train_mnist.main(["--predict", str(not_image), "--checkpoint", str(tmp_path / "run" / "best.npz")]) == 1
+    assert train_mnist.main(["--predict", str(not_image),
+                             "--checkpoint", str(tmp_path / "run" / "best.npz")]) == 1
     assert "train_mnist.py: error: cannot read image" in capsys.readouterr().err
     assert (tmp_path / "run" / "best.npz").read_bytes() == best
 
@@ -310,12 +328,14 @@ def test_smoke_on_real_mnist(tmp_path):
     assert B.get_backend() == "numpy"
 
 
-@pytest.mark.skipif(not (SHARED_DATA / "cifar-10").is_dir(), reason="real CIFAR-10 files not present")
+@pytest.mark.skipif(not (SHARED_DATA / "cifar-10").is_dir(),
+                    reason="real CIFAR-10 files not present")
 def test_smoke_on_real_cifar10(tmp_path):
     """A few hundred real CIFAR-10 images through the same trainer, with the CIFAR
     augmentations and mixup/cutmix: it runs end to end and writes everything."""
     config = TrainConfig(dataset="cifar10", model="cifar10", data_dir=str(SHARED_DATA),
-                         out_dir=str(tmp_path / "cifar"), epochs=2, train_subset=512, test_subset=200,
+                         out_dir=str(tmp_path / "cifar"), epochs=2,
+                         train_subset=512, test_subset=200,
                          batch_size=64, eval_batch_size=100, lr=1e-3, warmup_epochs=0.5,
                          max_shift=4, flip=True, erasing=0.25, mixup=0.8, cutmix=1.0,
                          model_overrides={"embed_dim": 48, "depth": 2, "num_heads": 3})

@@ -29,7 +29,8 @@ def atomic_write(path):
     never half-written and keeps its old content on any error."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    out = tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False)
+    out = tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp",
+                                      delete=False)
     try:
         with out:
             yield out
@@ -62,12 +63,13 @@ def load_npz(path):
         raise FileNotFoundError(f"no such checkpoint file: {path}")
     with open(path, "rb") as f:
         if f.read(4) != ZIP_SIGNATURE:
-            raise CheckpointError(f"{path}: expected a .npz file (a zip archive), got a file that does not "
-                                  "start with the zip signature")
+            raise CheckpointError(f"{path}: expected a .npz file (a zip archive), got a file that "
+                                  "does not start with the zip signature")
         f.seek(0)
         try:
             with np.load(f, allow_pickle=False) as data:
-                arrays = {k: data[k] for k in data.files}  # data[k] reads the entry at every access: once each
+                # data[k] reads the entry at every access: once each
+                arrays = {k: data[k] for k in data.files}
         except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
             raise CheckpointError(f"{path}: not a readable .npz checkpoint ({e})") from e
     return {k: (str(a) if a.dtype.kind == "U" else a) for k, a in arrays.items()}

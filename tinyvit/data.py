@@ -145,10 +145,14 @@ DATASETS = {
         image_shape=(1, 28, 28),
         layouts=(_idx_layout(),),
         sha256={
-            "train-images-idx3-ubyte.gz": "440fcabf73cc546fa21475e81ea370265605f56be210a4024d2ca8f203523609",
-            "train-labels-idx1-ubyte.gz": "3552534a0a558bbed6aed32b30c495cca23d567ec52cac8be1a0730e8010255c",
-            "t10k-images-idx3-ubyte.gz": "8d422c7b0a1c1c79245a5bcf07fe86e33eeafee792b84584aec276f5a2dbc4e6",
-            "t10k-labels-idx1-ubyte.gz": "f7ae60f92e00ec6debd23a6088c31dbd2371eca3ffa0defaefb259924204aec6",
+            "train-images-idx3-ubyte.gz":
+                "440fcabf73cc546fa21475e81ea370265605f56be210a4024d2ca8f203523609",
+            "train-labels-idx1-ubyte.gz":
+                "3552534a0a558bbed6aed32b30c495cca23d567ec52cac8be1a0730e8010255c",
+            "t10k-images-idx3-ubyte.gz":
+                "8d422c7b0a1c1c79245a5bcf07fe86e33eeafee792b84584aec276f5a2dbc4e6",
+            "t10k-labels-idx1-ubyte.gz":
+                "f7ae60f92e00ec6debd23a6088c31dbd2371eca3ffa0defaefb259924204aec6",
         },
         mirrors=(
             "https://ossci-datasets.s3.amazonaws.com/mnist/",
@@ -167,10 +171,14 @@ DATASETS = {
         image_shape=(1, 28, 28),
         layouts=(_idx_layout(),),
         sha256={
-            "train-images-idx3-ubyte.gz": "3aede38d61863908ad78613f6a32ed271626dd12800ba2636569512369268a84",
-            "train-labels-idx1-ubyte.gz": "a04f17134ac03560a47e3764e11b92fc97de4d1bfaf8ba1a3aa29af54cc90845",
-            "t10k-images-idx3-ubyte.gz": "346e55b948d973a97e58d2351dde16a484bd415d4595297633bb08f03db6a073",
-            "t10k-labels-idx1-ubyte.gz": "67da17c76eaffca5446c3361aaab5c3cd6d1c2608764d35dfb1850b086bf8dd5",
+            "train-images-idx3-ubyte.gz":
+                "3aede38d61863908ad78613f6a32ed271626dd12800ba2636569512369268a84",
+            "train-labels-idx1-ubyte.gz":
+                "a04f17134ac03560a47e3764e11b92fc97de4d1bfaf8ba1a3aa29af54cc90845",
+            "t10k-images-idx3-ubyte.gz":
+                "346e55b948d973a97e58d2351dde16a484bd415d4595297633bb08f03db6a073",
+            "t10k-labels-idx1-ubyte.gz":
+                "67da17c76eaffca5446c3361aaab5c3cd6d1c2608764d35dfb1850b086bf8dd5",
         },
         mirrors=("http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",),
     ),
@@ -275,7 +283,9 @@ def read_idx(path, magic):
     ndim = magic & 0xFF
     header_bytes = 4 * (1 + ndim)
     if len(data) < header_bytes:
-        raise DatasetError(f"{path}: truncated: {len(data)} bytes, less than the {header_bytes}-byte IDX header")
+        raise DatasetError(
+            f"{path}: truncated: {len(data)} bytes, less than the {header_bytes}-byte IDX header"
+        )
     got_magic, *shape = struct.unpack(f">{1 + ndim}I", data[:header_bytes])
     if got_magic != magic:
         raise DatasetError(f"{path}: bad IDX magic number: expected {magic}, got {got_magic}")
@@ -338,7 +348,9 @@ def read_cifar_py(path, records):
         raise DatasetError(f"{path}: b'data' should be a ({records}, 3072) uint8 array, got {got}")
     labels = np.asarray(batch[b"labels"])
     if labels.shape != (records,) or labels.dtype.kind not in "iu":
-        raise DatasetError(f"{path}: b'labels' should be {records} ints, got {labels.shape} {labels.dtype}")
+        raise DatasetError(
+            f"{path}: b'labels' should be {records} ints, got {labels.shape} {labels.dtype}"
+        )
     _check_labels(labels, 10, path)
     return data.reshape(records, 3, 32, 32), labels
 
@@ -369,7 +381,9 @@ class RestrictedUnpickler(pickle.Unpickler):
     def find_class(self, module, name):
         if (module, name) not in self.ALLOWED:
             allowed = ", ".join(f"{m}.{n}" for m, n in self.ALLOWED)
-            raise pickle.UnpicklingError(f"refusing to load global {module}.{name}; allowed: {allowed}")
+            raise pickle.UnpicklingError(
+                f"refusing to load global {module}.{name}; allowed: {allowed}"
+            )
         return self.ALLOWED[module, name]
 
 
@@ -542,15 +556,21 @@ def extract_tarball(tarball, destination):
                 if member.isfile():
                     _extract_member(tar, member, destination)
     except (tarfile.TarError, gzip.BadGzipFile, EOFError, zlib.error) as e:
-        raise DatasetError(f"{tarball}: not a valid tar.gz file (corrupted or truncated): {e}") from e
+        raise DatasetError(
+            f"{tarball}: not a valid tar.gz file (corrupted or truncated): {e}"
+        ) from e
 
 
 def _check_member(tarball, member):
     parts = Path(member.name).parts
     if Path(member.name).is_absolute() or ".." in parts:
-        raise DatasetError(f"{tarball}: refusing member {member.name!r}: it points outside the folder")
+        raise DatasetError(
+            f"{tarball}: refusing member {member.name!r}: it points outside the folder"
+        )
     if not (member.isfile() or member.isdir()):
-        raise DatasetError(f"{tarball}: refusing member {member.name!r}: not a regular file or folder")
+        raise DatasetError(
+            f"{tarball}: refusing member {member.name!r}: not a regular file or folder"
+        )
 
 
 def _extract_member(tar, member, destination):
@@ -607,7 +627,10 @@ def _download_one(url, target, algorithm, expected):
                 digest.update(chunk)
                 bar.update(len(chunk))
         if digest.hexdigest() != expected:
-            raise DatasetError(f"{DIGEST_NAMES[algorithm]} mismatch: expected {expected}, got {digest.hexdigest()}")
+            raise DatasetError(
+                f"{DIGEST_NAMES[algorithm]} mismatch: expected {expected}, "
+                f"got {digest.hexdigest()}"
+            )
 
 
 # --------------------------------------------------------------------------- batches
@@ -649,14 +672,19 @@ class Batches:
     def __init__(self, images, labels, batch_size, *, mean, std, shuffle=False,
                  drop_last=False, seed=0, augment=None):
         if images.ndim != 4 or images.dtype != np.uint8:
-            raise ValueError(f"images should be (N, C, H, W) uint8, got {images.shape} {images.dtype}")
+            raise ValueError(
+                f"images should be (N, C, H, W) uint8, got {images.shape} {images.dtype}"
+            )
         if labels.shape != images.shape[:1]:
             raise ValueError(f"{images.shape[0]} images but labels have shape {labels.shape}")
         if batch_size < 1:
             raise ValueError(f"batch_size should be at least 1, got {batch_size}")
         channels = images.shape[1]
         if len(mean) != channels or len(std) != channels:
-            raise ValueError(f"images have {channels} channels but mean has {len(mean)} values and std {len(std)}")
+            raise ValueError(
+                f"images have {channels} channels but mean has {len(mean)} values "
+                f"and std {len(std)}"
+            )
         self.images = to_device(images)  # (N, C, H, W) uint8
         self.labels = to_device(labels, dtype=xp.int64)  # (N,)
         self.batch_size, self.shuffle, self.drop_last = batch_size, shuffle, drop_last

@@ -9,8 +9,8 @@ central difference
 
 whose error is O(h^2 |L'''|) from truncation plus O(eps_machine |L| / h) from
 rounding; in float64, h = 1e-5 balances the two at about 1e-10 (on a small ViT
-it gave the smallest errors of h in 1e-6 ... 1e-4). A random ``dout`` matters: with dout = 1, a softmax
-whose backward returns zeros would pass, since sum(softmax(x)) is constant.
+it gave the smallest errors of h in 1e-6 ... 1e-4). A random ``dout`` matters: with dout = 1,
+a softmax whose backward returns zeros would pass, since sum(softmax(x)) is constant.
 
 The error reported for each tensor is the max-norm relative error
 
@@ -24,7 +24,8 @@ the index of that worst entry.
 import dataclasses
 import itertools
 
-from .backend import rng as device_rng, xp
+from .backend import rng as device_rng
+from .backend import xp
 
 
 @dataclasses.dataclass

@@ -5,7 +5,8 @@
 writes four PNGs (Dosovitskiy et al. 2020, figures 6 and 7):
 
     filters.png               leading principal components of the patch-embedding filters
-    pos_embed_similarity.png  cosine similarity of every patch's position embedding with every other's
+    pos_embed_similarity.png  cosine similarity of every patch's position embedding with every
+                              other's
     attention_distance.png    mean attention distance (pixels) of every head against depth
     attention_maps.png        attention rollout of what the head reads (the class token, or the
                               mean of the patch tokens) over the image, and the last layer's raw
@@ -14,11 +15,14 @@ writes four PNGs (Dosovitskiy et al. 2020, figures 6 and 7):
 Computations (each returns host NumPy arrays, ready for ``plot``):
 
     patch_embed_components(model, k)     (k, C, P, P) principal components, (k,) explained variance
-    pos_embed_similarity(model)          (G, G, G, G) cosine similarity of the patches' position embeddings
+    pos_embed_similarity(model)          (G, G, G, G) cosine similarity of the patches' position
+                                         embeddings
     attention_distance(attentions, P)    (L, H) attention-weighted query-key distance in pixels
     mean_attention_distance(model, x)    the same averaged over a set of images, running the model
-    attention_rollout(attentions, pool)  (B, G, G) the pooled output's rolled-out attention to the patches
-    last_layer_attention(model)          (B, H, G, G) the pooled output's raw attention in the last block
+    attention_rollout(attentions, pool)  (B, G, G) the pooled output's rolled-out attention to the
+                                         patches
+    last_layer_attention(model)          (B, H, G, G) the pooled output's raw attention in the last
+                                         block
 
 Parameters are small and analysed on the host (NumPy after ``to_host``);
 attention maps stay on the active backend (``xp``) until they are reduced.
@@ -42,7 +46,8 @@ from .data import DatasetError, dataset_info
 from .functional import softmax
 from .train import load_image, load_trained, make_batches
 
-PICTURES = ("filters.png", "pos_embed_similarity.png", "attention_distance.png", "attention_maps.png")
+PICTURES = ("filters.png", "pos_embed_similarity.png", "attention_distance.png",
+            "attention_maps.png")
 TILE_PX = 112  # images are upscaled to about this many pixels per side
 READOUT = {"cls": "class-token", "mean": "mean patch-token"}  # what the head reads, per pooling
 
@@ -262,7 +267,8 @@ def plot_patch_embed_filters(model, path, k=28):
     tiles = [_channels_last(c) for c in components]
     titles = [f"PC{i + 1}  {100 * r:.1f}%" for i, r in enumerate(ratios)]
     return plot.image_grid(
-        tiles, path, cols=min(7, len(tiles)), tile_titles=titles, scale=math.ceil(TILE_PX * 0.75 / P),
+        tiles, path, cols=min(7, len(tiles)), tile_titles=titles,
+        scale=math.ceil(TILE_PX * 0.75 / P),
         title=f"patch-embedding filters: top {len(tiles)} principal components of the "
               f"{D} learned {P}x{P} filters (% of variance)",
     )
@@ -295,10 +301,12 @@ def plot_attention_distance(distances, path, patch_size, image_size, num_images)
     layers = np.arange(1, L + 1)
     uniform = patch_distances(image_size // patch_size, patch_size).mean()
 
-    heads = [plot.Series(f"head {h + 1}", layers, distances[:, h], style="markers") for h in range(H)]
+    heads = [plot.Series(f"head {h + 1}", layers, distances[:, h], style="markers")
+             for h in range(H)]
     heads.append(plot.Series("mean of heads", layers, distances.mean(axis=1), color=plot.INK))
     references = [
-        plot.Series(f"uniform attention ({uniform:.1f} px)", [1, L], [uniform, uniform], color=plot.FRAME),
+        plot.Series(f"uniform attention ({uniform:.1f} px)", [1, L], [uniform, uniform],
+                    color=plot.FRAME),
         plot.Series("own patch only (0 px)", [1, L], [0.0, 0.0], color=(200, 200, 200)),
     ]
     xlabel, ylabel = "network depth (layer)", "mean attention distance (pixels)"
@@ -374,10 +382,12 @@ def parse_args(argv):
         prog="python -m tinyvit.inspect",
         description="Draw the ViT paper's inspection pictures of a trained checkpoint as PNGs.",
     )
-    p.add_argument("checkpoint", help="a training checkpoint (best.npz, last.npz) or its run folder")
+    p.add_argument("checkpoint",
+                   help="a training checkpoint (best.npz, last.npz) or its run folder")
     p.add_argument("--image", nargs="+", default=[], metavar="FILE",
                    help="image(s) for the attention maps (default: the first test images)")
-    p.add_argument("--data-dir", help="where the checkpoint's dataset is (default: as in its config)")
+    p.add_argument("--data-dir",
+                   help="where the checkpoint's dataset is (default: as in its config)")
     p.add_argument("--num-images", type=int, default=256,
                    help="test images for the mean attention distance (default 256)")
     p.add_argument("--num-maps", type=int, default=6,
@@ -425,7 +435,8 @@ def main(argv=None):
     map_images = given if given is not None else test[:args.num_maps]
     distance_images = test[:args.num_images] if test is not None else given
     out = Path(args.out) if args.out else checkpoint.parent / "inspect"
-    paths = write_pictures(model, out, map_images, distance_images, dataset_info(config.dataset).classes)
+    paths = write_pictures(model, out, map_images, distance_images,
+                           dataset_info(config.dataset).classes)
     for path in paths:
         print(path)
     return 0

@@ -49,9 +49,13 @@ class SoftmaxCrossEntropy(Module):
 
     def _check_logits(self, logits):
         if logits.ndim != 2:
-            raise ValueError(f"SoftmaxCrossEntropy: expected logits (B, K), got shape {logits.shape}")
+            raise ValueError(
+                f"SoftmaxCrossEntropy: expected logits (B, K), got shape {logits.shape}"
+            )
         if not xp.issubdtype(logits.dtype, xp.floating):
-            raise ValueError(f"SoftmaxCrossEntropy: expected float logits, got dtype {logits.dtype}")
+            raise ValueError(
+                f"SoftmaxCrossEntropy: expected float logits, got dtype {logits.dtype}"
+            )
 
     def check_target(self, target, batch, num_classes):
         """A clear ValueError unless ``target`` is ``batch`` labels in [0, num_classes)
@@ -60,13 +64,18 @@ class SoftmaxCrossEntropy(Module):
         if xp.issubdtype(target.dtype, xp.floating):
             if target.shape != (B, K):
                 raise ValueError(
-                    f"SoftmaxCrossEntropy: soft targets must be (B, K) = {(B, K)}, got {target.shape}"
+                    f"SoftmaxCrossEntropy: soft targets must be (B, K) = {(B, K)}, "
+                    f"got {target.shape}"
                 )
             return
         if target.shape != (B,):
-            raise ValueError(f"SoftmaxCrossEntropy: expected labels of shape ({B},), got {target.shape}")
+            raise ValueError(
+                f"SoftmaxCrossEntropy: expected labels of shape ({B},), got {target.shape}"
+            )
         if not xp.issubdtype(target.dtype, xp.integer):
-            raise ValueError(f"SoftmaxCrossEntropy: expected integer labels, got dtype {target.dtype}")
+            raise ValueError(
+                f"SoftmaxCrossEntropy: expected integer labels, got dtype {target.dtype}"
+            )
         low, high = int(target.min()), int(target.max())
         if low < 0 or high >= K:
             raise ValueError(

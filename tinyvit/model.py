@@ -256,12 +256,19 @@ class ViT(Module):
             array = self.patch_embed.weight_to_conv(array)  # (D, C, P, P)
         return to_host(array).copy()
 
+    def _state_arrays(self):
+        """(key, name, array) of every parameter's values and every buffer."""
+        for name, p in self.named_parameters():
+            yield self._timm_name(name), name, p.data
+        for name, module, attribute in self.named_buffers():
+            yield self._timm_name(name), name, getattr(module, attribute)
+
     def state_dict(self):
-        """Host NumPy copies of every parameter under timm's names and layouts:
-        ``patch_embed.proj.weight`` as a Conv2d weight (D, C, P, P), Linear weights
-        (out, in), qkv stacked q, k, v; the final norm is ``fc_norm`` under mean
-        pooling, as in timm."""
-        return {self._timm_name(n): self._export(n, p.data) for n, p in self.named_parameters()}
+        """Host NumPy copies of every parameter and buffer under timm's names and
+        layouts: ``patch_embed.proj.weight`` as a Conv2d weight (D, C, P, P), Linear
+        weights (out, in), qkv stacked q, k, v; the final norm is ``fc_norm`` under
+        mean pooling, as in timm; a hybrid's stem under ``patch_embed.backbone``."""
+        return {key: self._export(name, a) for key, name, a in self._state_arrays()}
 
     def grads(self):
         """The accumulated gradients under the same keys and layouts as ``state_dict``."""
@@ -271,13 +278,13 @@ class ViT(Module):
         """Copy values in, after checking every key and shape; a ValueError lists
         each missing, unexpected or mis-shaped key. Values may be NumPy arrays,
         CuPy arrays or anything ``numpy.asarray`` takes (CPU torch tensors)."""
-        params = {self._timm_name(n): (n, p) for n, p in self.named_parameters()}
-        missing = [k for k in params if k not in state]
-        unexpected = [k for k in state if k not in params]
+        arrays = {key: (name, a) for key, name, a in self._state_arrays()}
+        missing = [k for k in arrays if k not in state]
+        unexpected = [k for k in state if k not in arrays]
         misshaped = []
-        for key, (name, p) in params.items():
+        for key, (name, a) in arrays.items():
             if key in state:
-                expected = self._export(name, p.data).shape
+                expected = self._export(name, a).shape
                 got = tuple(to_host(state[key]).shape)
                 if got != expected:
                     misshaped.append(f"{key}: expected {expected}, got {got}")
@@ -287,9 +294,8 @@ class ViT(Module):
             lines += [f"  unexpected key: {k}" for k in unexpected]
             lines += [f"  wrong shape: {m}" for m in misshaped]
             raise ValueError("\n".join(lines))
-        for key, (name, p) in params.items():
-            value = to_device(to_host(state[key]), p.data.dtype)
-            p.data[...] = value.reshape(p.data.shape)
+        for key, (_, a) in arrays.items():
+            a[...] = to_device(to_host(state[key]), a.dtype).reshape(a.shape)
 
     def save(self, path):
         """Write the config and the state dict to one ``.npz`` file (atomically)."""

@@ -40,7 +40,11 @@ class Module:
     Parameters and sub-modules are found by walking the instance's attributes in
     the order they were set (lists of modules are walked as ``name.0``, ``name.1``,
     ...), so a model's parameter names are its attribute paths, as in PyTorch.
+    ``buffers`` names the attributes that hold state saved with the parameters but
+    not trained (BatchNorm's running averages).
     """
+
+    buffers = ()
 
     def __new__(cls, *args, **kwargs):
         """An instance of ``cls``, or of its fast kernel (a subclass of ``cls``)
@@ -104,6 +108,12 @@ class Module:
     def parameters(self):
         return [p for _, p in self.named_parameters()]
 
+    def named_buffers(self):
+        """(name, module, attribute) of every buffer, named as parameters are."""
+        for module_name, module in self.named_modules():
+            for attribute in module.buffers:
+                yield (f"{module_name}.{attribute}" if module_name else attribute), module, attribute
+
     def num_parameters(self):
         return sum(p.data.size for p in self.parameters())
 
@@ -158,6 +168,21 @@ class Module:
                 offset = end
             self._flat = (data, grad, decay)
         return self._flat
+
+    def flat_buffers(self):
+        """All buffers as views into one contiguous 1-D array (empty without any), so
+        that worker processes can exchange them in one copy (``tinyvit.parallel``)."""
+        buffers = [(module, attribute) for _, module, attribute in self.named_buffers()]
+        if not buffers:
+            return xp.empty(0, dtype=get_default_dtype())
+        first = getattr(*buffers[0])
+        flat = xp.concatenate([getattr(m, a).ravel() for m, a in buffers]).astype(first.dtype)
+        offset = 0
+        for module, attribute in buffers:
+            value = getattr(module, attribute)
+            setattr(module, attribute, flat[offset:offset + value.size].reshape(value.shape))
+            offset += value.size
+        return flat
 
 
 class Sequential(Module):

@@ -45,7 +45,9 @@ class Optimizer:
         for k in self._buffers:
             shape = getattr(self, k).shape
             if tuple(state[k].shape) != shape:
-                raise ValueError(f"{name} state {k!r}: expected shape {shape}, got {tuple(state[k].shape)}")
+                raise ValueError(
+                    f"{name} state {k!r}: expected shape {shape}, got {tuple(state[k].shape)}"
+                )
         self.t = int(state["t"])
         for k in self._buffers:
             buffer = getattr(self, k)

@@ -70,14 +70,15 @@ class DataParallel:
 
     def __init__(self, model, workers, max_batch):
         if not on_cpu():
-            raise ValueError("DataParallel needs the NumPy backend (its workers share host memory); "
-                             "on a GPU train with workers=1")
+            raise ValueError("DataParallel needs the NumPy backend (its workers share host "
+                             "memory); on a GPU train with workers=1")
         if workers < 2:
             raise ValueError(f"DataParallel: expected at least 2 workers, got {workers}")
         self.workers, self.max_batch = workers, max_batch
         self.data, self.grad, _ = model.flat_parameters()
         config = model.config
-        context = multiprocessing.get_context("spawn")  # a fresh interpreter: no forked BLAS threads
+        # a fresh interpreter: no forked BLAS threads
+        context = multiprocessing.get_context("spawn")
         shapes = {
             "weights": (self.data.size,),
             "grads": (workers, self.data.size),
@@ -92,7 +93,8 @@ class DataParallel:
         self.pipes, self.processes, self._worker_ends = [], [], []
         for rank in range(workers):
             parent_end, worker_end = context.Pipe()
-            args = (rank, config, dtype, {name: (raw[name], shapes[name], dtype) for name in shapes}, worker_end)
+            args = (rank, config, dtype,
+                    {name: (raw[name], shapes[name], dtype) for name in shapes}, worker_end)
             self.pipes.append(parent_end)
             self._worker_ends.append(worker_end)
             self.processes.append(context.Process(target=_worker, args=args, daemon=True,
@@ -161,17 +163,22 @@ class DataParallel:
         Returns (rank, lo, hi, reply) per worker that ran."""
         n = len(x)
         if not 1 <= n <= self.max_batch:
-            raise ValueError(f"DataParallel: expected a batch of 1 to {self.max_batch} images, got {n}")
+            raise ValueError(
+                f"DataParallel: expected a batch of 1 to {self.max_batch} images, got {n}"
+            )
         self.shared["images"][:n] = x
         self.shared["weights"][...] = self.data  # the weights the optimizer wrote last
         shards = [(rank, lo, hi) for rank, (lo, hi) in enumerate(self.shards(n)) if hi > lo]
         try:
             for rank, lo, hi in shards:
                 self.pipes[rank].send((mode, lo, hi, seed))
-            replies = [self.pipes[rank].recv() for rank, _, _ in shards]  # all, so none is left unread
+            # all, so none is left unread
+            replies = [self.pipes[rank].recv() for rank, _, _ in shards]
         except (EOFError, OSError):  # a worker gone: end of file, broken pipe or reset connection
             dead = [p.name for p in self.processes if not p.is_alive()]
-            raise RuntimeError(f"tinyvit worker process exited unexpectedly: {', '.join(dead)}") from None
+            raise RuntimeError(
+                f"tinyvit worker process exited unexpectedly: {', '.join(dead)}"
+            ) from None
         for (rank, _, _), (status, value) in zip(shards, replies):
             if status == "error":
                 raise RuntimeError(f"tinyvit worker {rank} failed:\n{value}")

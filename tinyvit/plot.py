@@ -302,7 +302,8 @@ class Series:
             raise ValueError(f"Series {self.name!r}: xs and ys must be 1-D and equally long, "
                              f"got shapes {self.xs.shape} and {self.ys.shape}")
         if self.style not in STYLES:
-            raise ValueError(f"Series {self.name!r}: style must be one of {STYLES}, got {self.style!r}")
+            raise ValueError(f"Series {self.name!r}: style must be one of {STYLES}, "
+                             f"got {self.style!r}")
 
     def finite(self):
         """(xs, ys) of the points where both are finite: the ones drawn."""
@@ -312,7 +313,8 @@ class Series:
 
 @dataclass
 class Panel:
-    """One chart: a title, axis labels and a list of Series (a legend shows when there are two or more)."""
+    """One chart: a title, axis labels and a list of Series (a legend shows when there are two
+    or more)."""
 
     title: str
     xlabel: str
@@ -358,7 +360,8 @@ def _draw_panel(img, box, panel):
     tick, label = _font(TICK), _font(LABEL)
     _draw_text(img, ((x0 + x1) / 2, y0 + GAP), panel.title, _font(LABEL + 2), va="top")
     plot = (
-        x0 + GAP + _line_height(label) + 2 * GAP + max(_text_width(t, tick) for t in _format_ticks(yticks)),
+        x0 + GAP + _line_height(label) + 2 * GAP
+            + max(_text_width(t, tick) for t in _format_ticks(yticks)),
         y0 + 2 * GAP + _line_height(_font(LABEL + 2)) + GAP,
         x1 - 2 * GAP - _text_width(_format_ticks(xticks)[-1], tick) // 2,
         y1 - GAP - _line_height(label) - 2 * GAP - _line_height(tick),
@@ -378,7 +381,8 @@ def _draw_panel(img, box, panel):
 
 
 def _limits(ticks):
-    """Axis limits: the outer ticks plus 3% of their span, so data on a round value clears the frame."""
+    """Axis limits: the outer ticks plus 3% of their span, so data on a round value clears the
+    frame."""
     pad = 0.03 * (ticks[-1] - ticks[0])
     return ticks[0] - pad, ticks[-1] + pad
 
@@ -408,7 +412,8 @@ def _draw_axes(img, plot, xlim, ylim, xticks, yticks):
 
 
 def _draw_series(draw, pts, color, style):
-    """A polyline and/or markers through the (n, 2) pixel points; a lone point always gets a marker."""
+    """A polyline and/or markers through the (n, 2) pixel points; a lone point always gets a
+    marker."""
     points = [tuple(p) for p in pts]
     if style != "markers" and len(points) > 1:
         draw.line(points, fill=color, width=2, joint="curve")
@@ -494,7 +499,8 @@ def heatmap(matrix, path, title=None, xlabel=None, ylabel=None, xticklabels=None
 def _annotate(img, m, rgb, cell):
     """Write each value in its cell in the largest font (12 px down to 7 px) that fits."""
     whole = np.all(m[np.isfinite(m)] == np.round(m[np.isfinite(m)]))
-    texts = [[f"{v:.0f}" if whole else f"{v:.2f}" if np.isfinite(v) else "" for v in row] for row in m]
+    texts = [[f"{v:.0f}" if whole else f"{v:.2f}" if np.isfinite(v) else "" for v in row]
+             for row in m]
     widest = max((t for row in texts for t in row), key=len)
     size = next((s for s in range(12, 6, -1) if _text_width(widest, _font(s)) <= cell - 4), None)
     if size is None:
@@ -524,7 +530,8 @@ def _draw_matrix_labels(img, cell, shape, xticklabels, yticklabels, xlabel, ylab
     if turned:  # a 45-degree name reaches down sin(45) of its width
         names_h += max(_text_width(t, font) for t in xnames) * 0.71
     names_w = max(_text_width(t, font) for t in ynames)
-    _draw_text(img, (ROOM + cols * cell / 2, bottom + names_h + GAP), xlabel, _font(LABEL), va="top")
+    _draw_text(img, (ROOM + cols * cell / 2, bottom + names_h + GAP), xlabel, _font(LABEL),
+               va="top")
     _draw_text(img, (ROOM - 2 * GAP - names_w, ROOM + rows * cell / 2), ylabel, _font(LABEL),
                ha="right", angle=90)
 
@@ -564,11 +571,13 @@ def heatmap_grid(maps, path, title=None, cols=None, cell_titles=None, row_labels
     maps = np.asarray(maps, dtype=np.float64)
     if maps.ndim == 4:
         if cols not in (None, maps.shape[1]):
-            raise ValueError(f"heatmap_grid: maps of shape {maps.shape} have {maps.shape[1]} columns, got cols={cols}")
+            raise ValueError(f"heatmap_grid: maps of shape {maps.shape} have {maps.shape[1]} "
+                             f"columns, got cols={cols}")
         cols = maps.shape[1]
         maps = maps.reshape(-1, *maps.shape[2:])
     if maps.ndim != 3:
-        raise ValueError(f"heatmap_grid: maps must be (R, C, h, w) or (K, h, w), got shape {maps.shape}")
+        raise ValueError("heatmap_grid: maps must be (R, C, h, w) or (K, h, w), "
+                         f"got shape {maps.shape}")
     k, h, w = maps.shape
     cols = cols or math.ceil(math.sqrt(k))
     rows = math.ceil(k / cols)
@@ -588,8 +597,8 @@ def heatmap_grid(maps, path, title=None, cols=None, cell_titles=None, row_labels
             _draw_text(img, (x + w * scale / 2, y), text, _font(TICK), va="top")
     _draw_grid_labels(img, (rows, cols), (pitch_x, pitch_y), caption_h, row_labels, col_labels,
                       row_title, col_title)
-    _colorbar(img, ROOM + cols * pitch_x + 2 * GAP, ROOM + caption_h, rows * pitch_y - caption_h - GAP,
-              vmin, vmax, cmap)
+    _colorbar(img, ROOM + cols * pitch_x + 2 * GAP, ROOM + caption_h,
+              rows * pitch_y - caption_h - GAP, vmin, vmax, cmap)
     return _save(_titled(_trim(img), title), path)
 
 
@@ -600,9 +609,11 @@ def _draw_grid_labels(img, shape, pitch, caption_h, row_labels, col_labels, row_
     row_labels = [str(t) for t in row_labels] if row_labels is not None else []
     col_labels = [str(t) for t in col_labels] if col_labels is not None else []
     for i, text in enumerate(row_labels):
-        _draw_text(img, (ROOM - GAP, ROOM + i * pitch_y + caption_h + tile_h / 2), text, font, ha="right")
+        _draw_text(img, (ROOM - GAP, ROOM + i * pitch_y + caption_h + tile_h / 2),
+                   text, font, ha="right")
     for j, text in enumerate(col_labels):
-        _draw_text(img, (ROOM + j * pitch_x + (pitch_x - GAP) / 2, ROOM + rows * pitch_y), text, font, va="top")
+        _draw_text(img, (ROOM + j * pitch_x + (pitch_x - GAP) / 2, ROOM + rows * pitch_y),
+                   text, font, va="top")
     names_w = max((_text_width(t, font) for t in row_labels), default=0)
     names_h = _line_height(font) + GAP if col_labels else 0
     _draw_text(img, (ROOM + (cols * pitch_x - GAP) / 2, ROOM + rows * pitch_y + names_h), col_title,
@@ -636,7 +647,8 @@ def image_grid(images, path, title=None, cols=None, tile_titles=None, scale=None
     """
     tiles = [_to_uint8(im) for im in images]
     if len({t.shape for t in tiles}) != 1:
-        raise ValueError(f"image_grid: images must share one shape, got {sorted({t.shape for t in tiles})}")
+        raise ValueError("image_grid: images must share one shape, "
+                         f"got {sorted({t.shape for t in tiles})}")
     _check_count(tile_titles, len(tiles), "image_grid: tile_titles")
     h, w = tiles[0].shape[:2]
     scale = scale or math.ceil(64 / max(h, w))
@@ -649,7 +661,8 @@ def image_grid(images, path, title=None, cols=None, tile_titles=None, scale=None
         _paste_framed(img, _upscale(tile, scale), (x, y))
         if tile_titles is not None:
             text = _fit(str(tile_titles[n]), _font(TICK), pitch_x - GAP)
-            _draw_text(img, (x + w * scale / 2, y + h * scale + GAP // 2), text, _font(TICK), va="top")
+            _draw_text(img, (x + w * scale / 2, y + h * scale + GAP // 2), text, _font(TICK),
+                       va="top")
     return _save(_titled(_trim(img), title), path)
 
 
@@ -676,13 +689,16 @@ def overlay(image, heat, alpha=0.5, cmap="viridis", vmin=None, vmax=None):
     if heat.ndim != 2:
         raise ValueError(f"overlay: heat must be 2-D, got shape {heat.shape}")
     vmin, vmax = _value_range(heat, vmin, vmax)
-    up = np.asarray(Image.fromarray(heat.astype(np.float32)).resize(base.shape[1::-1], Image.BILINEAR))
+    up = np.asarray(
+        Image.fromarray(heat.astype(np.float32)).resize(base.shape[1::-1], Image.BILINEAR)
+    )
     colors = colormap(up, vmin, vmax, cmap).astype(np.float64)
     return np.rint((1.0 - alpha) * base + alpha * colors).astype(np.uint8)
 
 
 def save_panels(images, path, title=None, captions=None, height=196):
-    """Place a few images side by side, each upscaled to about ``height`` px, and save them as a PNG.
+    """Place a few images side by side, each upscaled to about ``height`` px, and save them
+    as a PNG.
 
     For "input | attention rollout | head 1 | head 2 ...".
 
@@ -704,6 +720,7 @@ def save_panels(images, path, title=None, captions=None, height=196):
         _paste_framed(img, tile, (x, ROOM))
         if captions is not None:
             text = _fit(str(captions[n]), _font(LABEL), tile.width + 2 * GAP)
-            _draw_text(img, (x + tile.width / 2, ROOM + tile.height + GAP), text, _font(LABEL), va="top")
+            _draw_text(img, (x + tile.width / 2, ROOM + tile.height + GAP), text, _font(LABEL),
+                       va="top")
         x += tile.width + 3 * GAP
     return _save(_titled(_trim(img), title), path)

@@ -22,13 +22,15 @@ from tqdm import tqdm
 
 from . import augment as aug
 from . import plot
-from .backend import get_backend, host_rng, rng as device_rng, set_backend, to_device, to_host
+from .backend import get_backend, host_rng, set_backend, to_device, to_host
+from .backend import rng as device_rng
 from .checkpoint import atomic_write, load_checkpoint, save_checkpoint
-from .data import Batches, DatasetError, dataset_info, load_dataset, normalize
-from .loss import SoftmaxCrossEntropy, loss_and_gradients
 from .checks import check_fields
+from .data import Batches, DatasetError, dataset_info, load_dataset, normalize
 from .functional import softmax
-from .model import ViT, preset_config
+from .loss import SoftmaxCrossEntropy, loss_and_gradients
+from .model import ViT, ViTConfig, preset_config
+from .pretrained import FORMATS, read_pretrained
 from .optim import SGD, AdamW, clip_grad_norm, warmup_cosine
 from .parallel import DataParallel
 
@@ -64,26 +66,41 @@ class TrainConfig:
     log_every: int = 20  # steps between progress-bar updates (host transfers)
     train_subset: int = 0  # use only the first N training images (0 = all)
     test_subset: int = 0
+    init: str = None  # start from these weights: any file or folder tinyvit.pretrained reads
+    reset_head: bool = False  # with init: a zero head even when the class count is the file's
+    freeze_backbone: bool = False  # train the head alone (a linear probe)
+    budget: float = 0.0  # minutes for the whole run: epochs planned after the first (0: off)
 
     def __post_init__(self):
         """Every value is checked here, so that a bad one is named before a run starts."""
-        self.model_config()  # the dataset, the preset and its overrides
+        if self.init is None:  # with init, the weights' file is read when the run starts
+            self.model_config()  # the dataset, the preset and its overrides
         if self.optimizer not in ("adamw", "sgd"):
             raise ValueError(f"optimizer must be 'adamw' or 'sgd', got {self.optimizer!r}")
         check_fields(self, ("epochs", "batch_size", "eval_batch_size", "eval_every", "log_every", "workers"),
                      lambda n: n >= 1, "at least 1")
         check_fields(self, ("lr",), lambda x: x > 0, "positive")
-        check_fields(self, ("min_lr", "warmup_epochs", "weight_decay", "clip_grad", "max_shift", "mixup",
-                            "cutmix", "train_subset", "test_subset"), lambda x: x >= 0, "at least 0")
+        check_fields(self, ("min_lr", "warmup_epochs", "weight_decay", "clip_grad", "max_shift",
+                            "mixup", "cutmix", "train_subset", "test_subset", "budget"),
+                     lambda x: x >= 0, "at least 0")
         check_fields(self, ("label_smoothing",), lambda p: 0.0 <= p < 1.0, "in [0, 1)")
         check_fields(self, ("erasing",), lambda p: 0.0 <= p <= 1.0, "in [0, 1]")
 
-    def model_config(self):
-        """The ViT config: the preset, with the dataset's shape and classes, then overrides."""
+    def model_fields(self):
+        """The ViTConfig fields the run sets: the dataset's channels, image size and
+        classes, then ``model_overrides``."""
         info = dataset_info(self.dataset)
         channels, size, _ = info.image_shape
         fields = dict(in_channels=channels, image_size=size, num_classes=len(info.classes))
-        return preset_config(self.model, **{**fields, **self.model_overrides})
+        return {**fields, **self.model_overrides}
+
+    def model_config(self):
+        """The ViT config of a run from a preset: the preset with ``model_fields``."""
+        return preset_config(self.model, **self.model_fields())
+
+    def image_size(self):
+        """The side of the images the model sees (batches are resized to it)."""
+        return self.model_fields()["image_size"]
 
 
 # -- one step and evaluation ------------------------------------------------------
@@ -99,7 +116,7 @@ class Trainer:
 
     def __init__(self, config, model=None):
         self.config = config
-        self.model = model or ViT(config.model_config(), seed=config.seed)
+        self.model = model or build_model(config)[0]
         self.criterion = SoftmaxCrossEntropy(config.label_smoothing)
         if config.optimizer == "adamw":
             self.optimizer = AdamW(self.model, config.lr, weight_decay=config.weight_decay)
@@ -107,7 +124,23 @@ class Trainer:
             self.optimizer = SGD(self.model, config.lr, momentum=0.9, nesterov=True,
                                  weight_decay=config.weight_decay)
         self.num_classes = self.model.config.num_classes
+        self.trainable = self.head_mask() if config.freeze_backbone else None
         self.parallel = None
+
+    def head_mask(self):
+        """For a linear probe: 1 on the head's entries of the flat parameter buffer, 0
+        elsewhere. ``step`` multiplies the gradient by it, and the weight decay is
+        masked with it, so the optimizer leaves every other parameter as it is."""
+        _, _, decay = self.model.flat_parameters()
+        mask = xp.zeros_like(decay)
+        head = {id(p) for p in self.model.head.parameters()}
+        offset = 0
+        for p in self.model.parameters():  # the order flat_parameters packs them in
+            if id(p) in head:
+                mask[offset:offset + p.data.size] = 1
+            offset += p.data.size
+        decay *= mask
+        return mask
 
     def __enter__(self):
         c = self.config
@@ -147,6 +180,8 @@ class Trainer:
             self.criterion.check_target(target, len(x), self.num_classes)
             targets = self.criterion.targets(target, self.num_classes, x.dtype)
             loss, logits = self.parallel.gradients(x, targets, seed)
+        if self.trainable is not None:
+            self.optimizer.grad *= self.trainable
         if self.config.clip_grad:
             clip_grad_norm(self.optimizer.grad, self.config.clip_grad)
         self.optimizer.step(lr)
@@ -182,6 +217,31 @@ def confusion_matrix(predictions, labels, num_classes):
 # -- the run ----------------------------------------------------------------------
 
 
+def build_model(config):
+    """A new run's ViT and the notes on how it was made: the preset with fresh
+    weights, or with ``config.init`` the weights of that file (a checkpoint, a run
+    folder's best.npz, or pre-trained weights ``tinyvit.pretrained`` reads) fitted
+    to the run as the ViT paper fine-tunes: the position embeddings resized to the
+    run's image size, and a zero head when the file's class count differs from
+    the dataset's, or the file has no head, or ``reset_head`` asks for one."""
+    if config.init is None:
+        return ViT(config.model_config(), seed=config.seed), []
+    pretrained = read_pretrained(init_path(config.init))
+    fields = config.model_fields()
+    head = pretrained.state.get("head.weight")
+    keep_head = head is not None and head.shape[0] == fields["num_classes"]
+    notes = [f"weights from {pretrained.path} ({FORMATS[pretrained.format]})"]
+    model = pretrained.build(head="load" if keep_head and not config.reset_head else "zero",
+                             seed=config.seed, log=notes.append, **fields)
+    return model, notes
+
+
+def init_path(path):
+    """What ``--init`` names: a run folder means its best.npz; any other path as it is."""
+    path = Path(path)
+    return path / "best.npz" if (path / "best.npz").is_file() else path
+
+
 def make_batches(config, split):
     """The train or test ``Batches`` of a run."""
     info = dataset_info(config.dataset)
@@ -211,31 +271,38 @@ def fit(config, resume=None, stop_after_steps=None):
     again for the caller. ``stop_after_steps`` simulates such an interruption
     after that many steps of this call (for tests).
     """
+    started = time.perf_counter()
     if resume is not None:
         model_state, optim_state, meta = load_checkpoint(resume)
         config = TrainConfig(**meta["config"])
     set_backend(config.backend)
     train_batches, test_batches = make_batches(config, "train"), make_batches(config, "test")
-    out = Path(config.out_dir)  # made once the data is read: a run that cannot start leaves nothing
-    out.mkdir(parents=True, exist_ok=True)
-    trainer = Trainer(config)
     state = {"epoch": 0, "step": 0, "global_step": 0, "lr": config.lr, "elapsed": 0.0,
-             "running": _new_running(), "history": [], "best_acc": -1.0}
+             "running": _new_running(), "history": [], "best_acc": -1.0, "init": None,
+             "plan": None}
+    if resume is None:
+        model, state["init"] = build_model(config)
+    else:
+        model = ViT(saved_model_config(meta, config))
+    out = Path(config.out_dir)  # made once data and model are read: a run that cannot start leaves nothing
+    out.mkdir(parents=True, exist_ok=True)
+    trainer = Trainer(config, model)
     if resume is not None:
         trainer.model.load_state_dict(model_state)
         trainer.optimizer.load_state_dict(optim_state)
-        state.update({k: meta[k] for k in state})
+        state.update({k: meta[k] for k in state if k in meta})
         print(f"resumed from {resume} at epoch {state['epoch'] + 1}, step {state['step']}")
-    _print_start(config, trainer.model, train_batches)
+    _print_start(config, trainer.model, train_batches, state["init"])
     steps_done, evaluation = 0, None
     with trainer:
         try:
-            while state["epoch"] < config.epochs:
-                steps_done += _train_epoch(trainer, train_batches, state, stop_after_steps, steps_done)
-                evaluation = _end_epoch(trainer, test_batches, state, config, out)
-            _finish(trainer, test_batches, state, config, out, evaluation)
+            while state["epoch"] < trainer.config.epochs:
+                steps_done += _train_epoch(trainer, train_batches, state, stop_after_steps,
+                                           steps_done)
+                evaluation = _end_epoch(trainer, test_batches, state, out, started)
+            _finish(trainer, test_batches, state, trainer.config, out, evaluation)
         except KeyboardInterrupt:  # in training or in evaluation: state says where the run is
-            path = _save(out / "last.npz", trainer, config, state)
+            path = _save(out / "last.npz", trainer, state)
             print(f"\ninterrupted: saved {path} (epoch {state['epoch'] + 1}, step {state['step']}); "
                   f"resume with --resume {path}")
             raise
@@ -259,7 +326,8 @@ def _train_epoch(trainer, batches, state, stop_after_steps, steps_done):
         pending.clear()
 
     bar = tqdm(batches.epoch(epoch, start=state["step"]), total=n, initial=state["step"],
-               desc=f"epoch {epoch + 1}/{config.epochs}", unit="batch")
+               desc=f"epoch {epoch + 1}/{'?' if config.budget and not state['plan'] else config.epochs}",
+               unit="batch")
     try:
         for x, y in bar:
             if stop_after_steps is not None and steps_done + ran >= stop_after_steps:
@@ -285,19 +353,24 @@ def _train_epoch(trainer, batches, state, stop_after_steps, steps_done):
     return ran
 
 
-def _end_epoch(trainer, test_batches, state, config, out):
+def _end_epoch(trainer, test_batches, state, out, started):
     """Evaluate (every ``eval_every`` epochs and after the last; other epochs
-    record None), then move the state past this epoch in one update, so a Ctrl-C
-    anywhere leaves it either before the epoch's end (resuming evaluates again)
-    or after it. Returns ``evaluate``'s result, or None."""
+    record None), plan a budgeted run's epochs after its first, then move the
+    state past this epoch in one update, so a Ctrl-C anywhere leaves it either
+    before the epoch's end (resuming evaluates again) or after it. Returns
+    ``evaluate``'s result, or None."""
     start = time.perf_counter()
-    epoch = state["epoch"]
+    config, epoch = trainer.config, state["epoch"]
+    planning = config.budget > 0 and state["plan"] is None
     evaluation = test_loss = test_acc = None
-    if (epoch + 1) % config.eval_every == 0 or epoch + 1 == config.epochs:
+    if (epoch + 1) % config.eval_every == 0 or epoch + 1 == config.epochs or planning:
         evaluation = evaluate(trainer.evaluator(), test_batches)
         test_loss, test_acc = evaluation[:2]
-    elapsed = state["elapsed"] + time.perf_counter() - start
+    eval_seconds = time.perf_counter() - start
+    elapsed = state["elapsed"] + eval_seconds
     run = state["running"]
+    if planning:
+        state["plan"] = _plan_epochs(trainer, run["time"], eval_seconds, time.perf_counter() - started)
     seen = max(run["seen"], 1)
     row = {
         "epoch": epoch + 1,
@@ -311,24 +384,56 @@ def _end_epoch(trainer, test_batches, state, config, out):
     }
     best = test_acc is not None and test_acc > state["best_acc"]
     if best:
-        _save(out / "best.npz", trainer, config, state)
+        _save(out / "best.npz", trainer, state)
     state.update(history=state["history"] + [row], epoch=epoch + 1, step=0, elapsed=elapsed,
                  running=_new_running(), best_acc=test_acc if best else state["best_acc"])
     test = "not evaluated" if test_acc is None else f"loss {test_loss:.4f} acc {test_acc:.4f}"
     print(f"epoch {epoch + 1}: train loss {row['train_loss']:.4f} acc {row['train_acc']:.4f} | "
           f"test {test} | {row['images_per_s']:.0f} img/s | {elapsed:.0f} s")
-    _save(out / "last.npz", trainer, config, state)
+    _save(out / "last.npz", trainer, state)
     _write_metrics(out, state["history"])
     return evaluation
+
+
+def _plan_epochs(trainer, train_seconds, eval_seconds, spent):
+    """The epochs of a run with a ``budget``, planned once its first epoch is done.
+
+    ``spent`` is the wall-clock time since the run started (reading the data,
+    starting the workers, the first epoch and its evaluation); each further epoch
+    is taken to cost the first one's training time plus its share of the test
+    evaluations, and the last epoch is always evaluated:
+        epochs = 1 + floor((budget - spent - eval) / (train + eval / eval_every)).
+    The first epoch, usually the slowest, makes the plan err on the short side.
+    The plan replaces ``epochs`` in the trainer's config, so the cosine schedule
+    ends with the run; it is saved in every checkpoint, so a resumed run keeps it.
+    """
+    c = trainer.config
+    per_epoch = train_seconds + eval_seconds / c.eval_every
+    left = 60 * c.budget - spent - eval_seconds
+    epochs = 1 + max(0, int(left // per_epoch))
+    trainer.config = dataclasses.replace(c, epochs=epochs)
+    print(f"budget {c.budget:g} min: {spent:.0f} s so far, an epoch takes {train_seconds:.0f} s "
+          f"and a test evaluation {eval_seconds:.0f} s: {epochs} epochs in all")
+    return {"budget_minutes": c.budget, "epochs": epochs, "first_epoch_s": train_seconds,
+            "eval_s": eval_seconds, "spent_s": spent}
 
 
 def _new_running():
     return {"loss_sum": 0.0, "correct": 0, "seen": 0, "time": 0.0}
 
 
-def _save(path, trainer, config, state):
-    meta = {"config": dataclasses.asdict(config), **state}
+def _save(path, trainer, state):
+    meta = {"config": dataclasses.asdict(trainer.config),
+            "model_config": dataclasses.asdict(trainer.model.config), **state}
     return save_checkpoint(path, trainer.model, trainer.optimizer, meta)
+
+
+def saved_model_config(meta, config):
+    """The ViTConfig a checkpoint's model was built with (a checkpoint without one
+    was built from its preset)."""
+    if "model_config" in meta:
+        return ViTConfig(**meta["model_config"])
+    return config.model_config()
 
 
 def _write_metrics(out, history, extra=None):
@@ -365,10 +470,14 @@ def _finish(trainer, test_batches, state, config, out, evaluation=None):
           f"{out / 'best.npz'}, {out / 'last.npz'}")
 
 
-def _print_start(config, model, batches):
-    print(f"{config.dataset}: {batches.images.shape[0]} training images, {len(batches)} steps/epoch, "
-          f"{config.epochs} epochs, backend {get_backend()}, {config.workers} worker(s)")
+def _print_start(config, model, batches, init_notes):
+    epochs = f"a budget of {config.budget:g} min" if config.budget else f"{config.epochs} epochs"
+    print(f"{config.dataset}: {batches.images.shape[0]} training images, "
+          f"{len(batches)} steps/epoch, {epochs}, backend {get_backend()}, "
+          f"{config.workers} worker(s)")
     print(f"model: {model.num_parameters():,} parameters, {model.config}")
+    for line in init_notes or ():
+        print(f"  {line}")
 
 
 # -- using a trained model ----------------------------------------------------------
@@ -378,7 +487,7 @@ def load_trained(path):
     """(model, TrainConfig) from a training checkpoint."""
     model_state, _, meta = load_checkpoint(path)
     config = TrainConfig(**meta["config"])
-    model = ViT(config.model_config())
+    model = ViT(saved_model_config(meta, config))
     model.load_state_dict(model_state)
     return model.eval(), config
 
