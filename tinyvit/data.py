@@ -645,6 +645,36 @@ def normalize(x, mean, std):
     return (x - mean) / std
 
 
+def linear_interpolation_matrix(old, new):
+    """The (new, old) matrix W of 1-D linear resampling: resized = W @ values.
+
+    As ``F.interpolate(mode="bilinear", align_corners=False)`` without antialias:
+    output sample o sits at input coordinate x = (o + 0.5) * old / new - 0.5
+    (pixel centres aligned), clamped to [0, old - 1], and mixes the samples
+    floor(x) and floor(x) + 1 with weights 1 - t and t, t = x - floor(x). Every
+    row sums to 1; for new == old it is the identity.
+    """
+    x = xp.clip((xp.arange(new, dtype=xp.float64) + 0.5) * (old / new) - 0.5, 0, old - 1)
+    low = xp.floor(x).astype(xp.int64)  # (new,)
+    high = xp.minimum(low + 1, old - 1)
+    t = x - low
+    rows = xp.arange(new)
+    W = xp.zeros((new, old))
+    W[rows, low] += 1 - t  # each row's two taps (one when x is the last sample: t = 0)
+    W[rows, high] += t
+    return W
+
+
+def resize_images(x, size):
+    """(B, C, H, W) -> (B, C, size, size) by bilinear interpolation, on the active
+    backend and vectorized over the batch: each image channel X becomes
+    Wh X Ww^T with the matrices of ``linear_interpolation_matrix``."""
+    _, _, H, W = x.shape
+    Wh = linear_interpolation_matrix(H, size).astype(x.dtype)  # (size, H)
+    Ww = linear_interpolation_matrix(W, size).astype(x.dtype)  # (size, W)
+    return Wh @ x @ Ww.T  # (B, C, size, size)
+
+
 class Batches:
     """Normalized mini-batches on the active backend, reproducible per (seed, epoch).
 
@@ -654,7 +684,8 @@ class Batches:
     at batch ``start`` gives exactly the batches a full epoch would have given.
 
     Each batch: gather the images on the device, scale to [0, 1] in the default
-    float dtype (read when the Batches is made), apply
+    float dtype (read when the Batches is made), resize them to ``image_size``
+    if given (``resize_images``), apply
     ``augment(x, backend.rng((seed, epoch, batch_index)))`` if given, then
     normalize each channel: ``(x - mean) / std``.
 
@@ -667,10 +698,11 @@ class Batches:
         drop_last: leave out the final batch when it is short.
         seed: with the epoch, seeds the order and the augmentation.
         augment: ``f(x, rng) -> x`` on (B, C, H, W) floats in [0, 1], or None.
+        image_size: the side the images are resized to (None: as they are).
     """
 
     def __init__(self, images, labels, batch_size, *, mean, std, shuffle=False,
-                 drop_last=False, seed=0, augment=None):
+                 drop_last=False, seed=0, augment=None, image_size=None):
         if images.ndim != 4 or images.dtype != np.uint8:
             raise ValueError(
                 f"images should be (N, C, H, W) uint8, got {images.shape} {images.dtype}"
@@ -691,6 +723,7 @@ class Batches:
         self.seed, self.augment = seed, augment
         self.dtype = backend.get_default_dtype()
         self.mean, self.std = mean, std
+        self.image_size = image_size
 
     def __len__(self):
         n = len(self.labels)
@@ -715,6 +748,8 @@ class Batches:
             index = order[b * self.batch_size:(b + 1) * self.batch_size]  # (B,)
             x = self.images[index].astype(self.dtype)  # (B, C, H, W) in 0..255
             x *= 1 / 255
+            if self.image_size is not None and x.shape[-2:] != (self.image_size,) * 2:
+                x = resize_images(x, self.image_size)
             if self.augment is not None:
                 x = self.augment(x, backend.rng((self.seed, epoch, b)))
             yield normalize(x, self.mean, self.std), self.labels[index]

@@ -75,6 +75,9 @@ class GradCheckReport:
         return self
 
 
+DOUT_STREAM = 1  # dout is drawn from rng((seed, DOUT_STREAM))
+
+
 def gradient_check(module, x, *args, h=1e-5, seed=0, before_forward=None, wrt_input=True):
     """Check ``module.backward`` against central differences, in float64.
 
@@ -94,7 +97,8 @@ def gradient_check(module, x, *args, h=1e-5, seed=0, before_forward=None, wrt_in
         return module.forward(x, *args)
 
     y = forward()
-    dout = 1.0 if y.ndim == 0 else device_rng(seed).standard_normal(y.shape)
+    # dout from a stream of its own: an input drawn with the same integer seed differs from it
+    dout = 1.0 if y.ndim == 0 else device_rng((seed, DOUT_STREAM)).standard_normal(y.shape)
 
     def loss():
         return float((forward() * dout).sum())

@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from . import augment as aug
 from . import plot
-from .backend import get_backend, host_rng, set_backend, to_device, to_host
+from .backend import get_backend, host_rng, set_backend, to_device, to_host, xp
 from .backend import rng as device_rng
 from .checkpoint import atomic_write, load_checkpoint, save_checkpoint
 from .checks import check_fields
@@ -30,9 +30,9 @@ from .data import Batches, DatasetError, dataset_info, load_dataset, normalize
 from .functional import softmax
 from .loss import SoftmaxCrossEntropy, loss_and_gradients
 from .model import ViT, ViTConfig, preset_config
-from .pretrained import FORMATS, read_pretrained
 from .optim import SGD, AdamW, clip_grad_norm, warmup_cosine
 from .parallel import DataParallel
+from .pretrained import read_pretrained
 
 
 @dataclasses.dataclass
@@ -230,7 +230,7 @@ def build_model(config):
     fields = config.model_fields()
     head = pretrained.state.get("head.weight")
     keep_head = head is not None and head.shape[0] == fields["num_classes"]
-    notes = [f"weights from {pretrained.path} ({FORMATS[pretrained.format]})"]
+    notes = []
     model = pretrained.build(head="load" if keep_head and not config.reset_head else "zero",
                              seed=config.seed, log=notes.append, **fields)
     return model, notes
@@ -250,7 +250,8 @@ def make_batches(config, split):
     if subset:
         images, labels = images[:subset], labels[:subset]
     if split == "test":
-        return Batches(images, labels, config.eval_batch_size, mean=info.mean, std=info.std)
+        return Batches(images, labels, config.eval_batch_size, mean=info.mean, std=info.std,
+                       image_size=config.image_size())
     return training_batches(config, images, labels)
 
 
@@ -260,7 +261,8 @@ def training_batches(config, images, labels):
     info = dataset_info(config.dataset)
     augment = aug.pipeline(config.max_shift, config.flip, config.erasing)
     return Batches(images, labels, config.batch_size, mean=info.mean, std=info.std,
-                   shuffle=True, drop_last=True, seed=config.seed, augment=augment)
+                   shuffle=True, drop_last=True, seed=config.seed, augment=augment,
+                   image_size=config.image_size())
 
 
 def fit(config, resume=None, stop_after_steps=None):
@@ -496,14 +498,14 @@ def load_image(path, config):
     """An image file (PNG, JPG, any size or mode) as a normalized (1, C, H, W) batch
     on the active backend.
 
-    Converted to the dataset's channels and resized to its image size. MNIST-style
+    Converted to the dataset's channels and resized to the model's image size. MNIST-style
     data is light strokes on a dark background: a grayscale picture whose border
     is mostly light (a dark digit on white paper) is inverted to match.
     """
     from PIL import Image, ImageOps, UnidentifiedImageError
 
     info = dataset_info(config.dataset)
-    channels, height, width = info.image_shape
+    channels, height, width = info.image_shape[0], config.image_size(), config.image_size()
     try:
         with Image.open(path) as image:
             image = ImageOps.exif_transpose(image).convert("L" if channels == 1 else "RGB")

@@ -1,0 +1,429 @@
+"""The layers of a convolutional stem (a hybrid ViT feeds the transformer the
+feature map of a few of these instead of raw patches): Conv2d, BatchNorm2d,
+GroupNorm, ReLU and MaxPool2d, each with its backward written by hand.
+
+Each layer keeps the contract of ``tinyvit/module.py``; the derivations are in
+the docstrings and, at more length, in ``docs/backprop.md``.
+
+Shape legend: B batch, C input channels, F output channels (filters, as in
+CS231n), H x W the input's height and width, kh x kw the kernel, s stride,
+p padding, Hp = H + 2p and Wp = W + 2p the padded size, Ho = (Hp - kh) // s + 1
+and Wo = (Wp - kw) // s + 1 the output size, K = C*kh*kw the values in one
+receptive field, M = B*Ho*Wo the output pixels of a batch, G groups of GroupNorm.
+
+Convolution as a matmul (im2col). Every output pixel of a convolution is a
+Linear layer applied to its receptive field: lay the fields out as the columns
+of a matrix, cols (K, M), and the whole convolution is one matmul with the
+weight reshaped to (F, K). The columns are read out of the padded input through
+a strided view (``sliding_windows``: no copy until the reshape) and the
+backward scatters their gradients back (``col2im``). The layout is
+channels-first, (C, B, Hp, Wp) for the padded input and (C*kh*kw, B*Ho*Wo) for
+the columns (as CS231n's fast convolution): the copies between it and the
+(B, C, H, W) layout of the arrays outside move whole H x W planes, where a
+channels-last layout (B, H, W, C) would transpose every pixel, and its rows of
+columns are runs of Wo contiguous values.
+"""
+
+import math
+import numbers
+
+from .backend import get_default_dtype, host_rng, to_device, xp
+from .checks import check_float
+from .module import Module, Parameter
+
+# ---------------------------------------------------------------------------
+# Sliding windows: im2col and its adjoint col2im
+# ---------------------------------------------------------------------------
+
+
+def pair(value, name, minimum):
+    """An int or a pair of ints, each >= minimum -> a pair (for kernel_size, stride, padding)."""
+    values = tuple(value) if isinstance(value, (tuple, list)) else (value, value)
+    valid = all(isinstance(v, numbers.Integral) and v >= minimum for v in values)
+    if len(values) != 2 or not valid:
+        raise ValueError(f"{name} must be an int >= {minimum} or a pair of them, got {value!r}")
+    return tuple(int(v) for v in values)
+
+
+def pad_spatial(x, padding, value=0.0):
+    """(..., H, W) -> (..., H + 2ph, W + 2pw), a new array, the border set to ``value``
+    (x itself when there is no padding)."""
+    (ph, pw), (H, W) = padding, x.shape[-2:]
+    if ph == pw == 0:
+        return x
+    xpad = xp.full((*x.shape[:-2], H + 2 * ph, W + 2 * pw), value, dtype=x.dtype)
+    xpad[..., ph : ph + H, pw : pw + W] = x
+    return xpad
+
+
+def sliding_windows(xpad, kernel, stride):
+    """A strided view (..., kh, kw, Ho, Wo) of xpad (..., Hp, Wp), no copy:
+
+        windows[..., i, j, ho, wo] = xpad[..., s*ho + i, s*wo + j],
+
+    i.e. for each kernel offset (i, j), the input pixels it meets at every output
+    position. Windows overlap when s < k: the view then holds some entries of
+    xpad several times (so it must never be written to).
+    """
+    (kh, kw), (sh, sw) = kernel, stride
+    *leading, Hp, Wp = xpad.shape
+    Ho, Wo = (Hp - kh) // sh + 1, (Wp - kw) // sw + 1
+    *leading_strides, row, col = xpad.strides
+    return xp.lib.stride_tricks.as_strided(
+        xpad, (*leading, kh, kw, Ho, Wo), (*leading_strides, row, col, sh * row, sw * col)
+    )
+
+
+def col2im(dwindows, padded_shape, stride):
+    """The adjoint of ``sliding_windows``: dwindows (..., kh, kw, Ho, Wo) -> dxpad
+    (..., Hp, Wp), each window entry's gradient added into the pixel it was read
+    from. A pixel read by several windows (s < k) gets the sum of their gradients.
+
+    A loop over the kh*kw kernel offsets, each adding a whole (..., Ho, Wo) slab at
+    once: the clearest correct way (one slab's pixels are distinct, so ``+=`` on a
+    strided slice is exact), and kh*kw is small.
+    """
+    *_, kh, kw, Ho, Wo = dwindows.shape
+    sh, sw = stride
+    dxpad = xp.zeros(padded_shape, dtype=dwindows.dtype)
+    for i in range(kh):
+        for j in range(kw):
+            dxpad[..., i : i + sh * Ho : sh, j : j + sw * Wo : sw] += dwindows[..., i, j, :, :]
+    return dxpad
+
+
+def unpad_spatial(dxpad, padding):
+    """(..., Hp, Wp) -> (..., Hp - 2ph, Wp - 2pw): the gradient of ``pad_spatial``
+    drops the border (a view)."""
+    (ph, pw), (Hp, Wp) = padding, dxpad.shape[-2:]
+    return dxpad[..., ph : Hp - ph, pw : Wp - pw]
+
+
+def check_image_batch(x, channels, layer):
+    """A ValueError unless x is a float array (B, channels, H, W)."""
+    check_float(x, layer)
+    if x.ndim != 4 or x.shape[1] != channels:
+        raise ValueError(f"{layer}: expected input (B, {channels}, H, W), got shape {x.shape}")
+
+
+def check_fits(x, kernel, padding, layer):
+    """A ValueError unless one kernel window fits in the padded input."""
+    (kh, kw), (ph, pw), (H, W) = kernel, padding, x.shape[2:]
+    if H + 2 * ph < kh or W + 2 * pw < kw:
+        raise ValueError(
+            f"{layer}: expected a padded input of at least {kh}x{kw} (the kernel), got "
+            f"{H}x{W} padded by {ph}x{pw}"
+        )
+
+
+# ---------------------------------------------------------------------------
+# Standardization, shared by weight standardization, BatchNorm2d and GroupNorm
+# ---------------------------------------------------------------------------
+
+
+def normalize_backward(g, xhat, rstd, axes):
+    """The backward of xhat = (x - mean) * rstd, rstd = 1 / sqrt(var + eps), with mean
+    and the biased var over ``axes`` (n values), given g = dL/dxhat.
+
+    xhat_i depends on x_k directly and through mean and rstd, with
+    d mean/dx_k = 1/n and d rstd/dx_k = -rstd^3 (x_k - mean) / n; summing the
+    three paths (LayerNorm's derivation, over other axes), exactly for any eps,
+
+        dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  means over ``axes``.
+    """
+    mean_g = g.mean(axis=axes, keepdims=True)
+    mean_gx = (g * xhat).mean(axis=axes, keepdims=True)
+    return rstd * (g - mean_g - xhat * mean_gx)
+
+
+def standardize(weight, eps):
+    """Per row of weight (F, K): what = (w - mean) * rstd, rstd = 1 / sqrt(var + eps),
+    var the biased variance. Returns (what, rstd (F, 1))."""
+    mean = weight.mean(axis=1, keepdims=True)  # (F, 1)
+    centered = weight - mean  # (F, K)
+    rstd = 1.0 / xp.sqrt((centered * centered).mean(axis=1, keepdims=True) + eps)  # (F, 1)
+    return centered * rstd, rstd
+
+
+# ---------------------------------------------------------------------------
+# Conv2d
+# ---------------------------------------------------------------------------
+
+
+class Conv2d(Module):
+    """y[b, o] = bias[o] + sum over c, i, j of W[o, c, i, j] xpad[b, c, s*ho + i, s*wo + j]:
+    a 2-D convolution (a cross-correlation, as in PyTorch), any kernel, stride and
+    zero padding; weight (F, C, kh, kw) as in PyTorch.
+
+    As a matmul: cols = im2col(x), (K, M), whose column m holds the K inputs of
+    output pixel m in (c, i, j) order; then y = W2 cols + bias, W2 = W reshaped
+    to (F, K). No loop over images or pixels: one copy through a strided view,
+    one matmul. The cache is the columns, the (F, K) weight the forward used, its
+    rstd under weight standardization, and the padded input's shape.
+
+    ``weight_standardization`` (BiT's ResNet-V2, the stem of the hybrid ViT)
+    convolves with what = (W - mean) / sqrt(var + eps) instead of W, mean and
+    biased var over each output channel's (C, kh, kw) weights. eps is ``ws_eps``:
+    1e-6 by default, as timm's ``StdConv2d``; timm's hybrid ViT builds its
+    ResNet-V2 with 1e-8 and BiT's own code uses 1e-10, so loading weights of
+    those needs that value.
+
+    Initialization as PyTorch's Conv2d (kaiming uniform with a = sqrt(5)): weight
+    and bias uniform in +-1/sqrt(K), drawn from the host generator ``rng``
+    (fresh entropy when None).
+    """
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, bias=True,
+                 weight_standardization=False, rng=None, dtype=None, ws_eps=1e-6):
+        super().__init__()
+        dtype = dtype or get_default_dtype()
+        rng = rng or host_rng(None)
+        self.in_channels, self.out_channels = in_channels, out_channels
+        self.kernel_size = pair(kernel_size, "Conv2d: kernel_size", 1)
+        self.stride = pair(stride, "Conv2d: stride", 1)
+        self.padding = pair(padding, "Conv2d: padding", 0)
+        self.weight_standardization, self.ws_eps = weight_standardization, ws_eps
+        fan_in = in_channels * self.kernel_size[0] * self.kernel_size[1]
+        bound = 1.0 / math.sqrt(fan_in)
+        shape = (out_channels, in_channels, *self.kernel_size)
+        self.weight = Parameter(uniform(rng, bound, shape, dtype), decay=True)
+        self.bias = Parameter(uniform(rng, bound, (out_channels,), dtype)) if bias else None
+
+    def forward(self, x):
+        check_image_batch(x, self.in_channels, "Conv2d")
+        check_fits(x, self.kernel_size, self.padding, "Conv2d")
+        B, F = x.shape[0], self.out_channels
+        xpad = pad_spatial(x.transpose(1, 0, 2, 3), self.padding)  # (C, B, Hp, Wp)
+        windows = sliding_windows(xpad, self.kernel_size, self.stride)  # (C, B, kh, kw, Ho, Wo)
+        Ho, Wo = windows.shape[-2:]
+        cols = windows.transpose(0, 2, 3, 1, 4, 5).reshape(-1, B * Ho * Wo)  # (K, M), a copy
+        w2, rstd = self.weight.data.reshape(F, -1), None  # (F, K)
+        if self.weight_standardization:
+            w2, rstd = standardize(w2, self.ws_eps)  # what (F, K), rstd (F, 1)
+        y = w2 @ cols  # (F, M)
+        if self.bias is not None:
+            y += self.bias.data[:, None]
+        self.cache = (cols, w2, rstd, xpad.shape) if self.training else None
+        y = y.reshape(F, B, Ho, Wo).transpose(1, 0, 2, 3)  # (B, F, Ho, Wo), a view
+        return xp.ascontiguousarray(y)
+
+    def backward(self, dout):
+        """The forward in reverse, with dy = dout as (F, M) (the matmul's layout):
+
+            y = W2 cols + b     ->  db = sum over m of dy[:, m]
+                                    dW2 = dy cols^T                      (F, K)
+                                    dcols = W2^T dy                      (K, M)
+            cols = im2col(xpad) ->  dxpad = col2im(dcols): each column entry's
+                                    gradient added back into the pixel it copied
+            xpad = pad(x)       ->  dx = dxpad without its border.
+
+        With weight standardization W2 is what = (W - mean) * rstd, and the
+        gradient dwhat = dy cols^T goes back through it row by row as LayerNorm's:
+        with mean and rstd functions of the row, d mean/dw_k = 1/K and
+        d rstd/dw_k = -rstd^3 (w_k - mean) / K, so summing the three paths
+            dW = rstd * (dwhat - mean(dwhat) - what * mean(dwhat * what)).
+        """
+        cols, w2, rstd, padded_shape = self._take_cache()
+        B, F, Ho, Wo = dout.shape
+        dy = xp.ascontiguousarray(dout.transpose(1, 0, 2, 3)).reshape(F, -1)  # (F, M)
+        if self.bias is not None:
+            self.bias.grad += dy.sum(axis=1)
+        dw2 = dy @ cols.T  # (F, K)
+        if rstd is not None:  # through what = (W - mean) * rstd
+            dw2 = normalize_backward(dw2, w2, rstd, axes=1)
+        self.weight.grad += dw2.reshape(self.weight.shape)
+        dcols = w2.T @ dy  # (K, M)
+        C, (kh, kw) = self.in_channels, self.kernel_size
+        dwindows = dcols.reshape(C, kh, kw, B, Ho, Wo).transpose(0, 3, 1, 2, 4, 5)
+        dxpad = col2im(dwindows, padded_shape, self.stride)  # (C, B, Hp, Wp)
+        dx = unpad_spatial(dxpad, self.padding).transpose(1, 0, 2, 3)  # (B, C, H, W)
+        return xp.ascontiguousarray(dx)
+
+
+def uniform(rng, bound, shape, dtype):
+    """Uniform(-bound, bound) values drawn on the host, as an array of ``dtype`` on
+    the active backend (the same values on NumPy and on CuPy for one seed)."""
+    return to_device(rng.uniform(-bound, bound, shape), dtype=dtype)
+
+
+# ---------------------------------------------------------------------------
+# Normalizations: BatchNorm2d, GroupNorm
+# ---------------------------------------------------------------------------
+
+
+class BatchNorm2d(Module):
+    """y = gamma * (x - mean) / sqrt(var + eps) + beta per channel, over (B, H, W).
+
+    Training mode normalizes with the batch's mean and biased variance, and
+    updates the running averages as PyTorch does:
+        running_mean = (1 - momentum) running_mean + momentum mean
+        running_var  = (1 - momentum) running_var  + momentum var * n / (n - 1)
+    (the unbiased variance, n = B*H*W); eval mode normalizes with them instead.
+    Parameters ``weight`` (gamma) and ``bias`` (beta); the running averages are
+    plain arrays, named in ``buffers``. The cache (training) is xhat and rstd.
+    """
+
+    buffers = ("running_mean", "running_var")
+
+    def __init__(self, num_features, eps=1e-5, momentum=0.1, dtype=None):
+        super().__init__()
+        dtype = dtype or get_default_dtype()
+        self.num_features, self.eps, self.momentum = num_features, eps, momentum
+        self.weight = Parameter(xp.ones(num_features, dtype=dtype))
+        self.bias = Parameter(xp.zeros(num_features, dtype=dtype))
+        self.running_mean = xp.zeros(num_features, dtype=dtype)
+        self.running_var = xp.ones(num_features, dtype=dtype)
+
+    def forward(self, x):
+        check_image_batch(x, self.num_features, "BatchNorm2d")
+        gamma = self.weight.data[:, None, None]  # (C, 1, 1)
+        beta = self.bias.data[:, None, None]
+        if not self.training:  # the averages in x's dtype (Module.astype converts parameters only)
+            self.cache = None
+            mean = self.running_mean.astype(x.dtype, copy=False)[:, None, None]  # (C, 1, 1)
+            rstd = 1.0 / xp.sqrt(self.running_var.astype(x.dtype, copy=False) + self.eps)
+            return (x - mean) * (gamma * rstd[:, None, None]) + beta
+        n = x.shape[0] * x.shape[2] * x.shape[3]
+        if n < 2:
+            raise ValueError(f"BatchNorm2d: expected more than 1 value per channel in training, "
+                             f"got input of shape {x.shape}")
+        mean = x.mean(axis=(0, 2, 3), keepdims=True)  # (1, C, 1, 1)
+        centered = x - mean  # (B, C, H, W)
+        var = (centered * centered).mean(axis=(0, 2, 3), keepdims=True)  # (1, C, 1, 1)
+        rstd = 1.0 / xp.sqrt(var + self.eps)  # (1, C, 1, 1)
+        xhat = centered * rstd  # (B, C, H, W)
+        self.update_running_averages(mean.reshape(-1), var.reshape(-1), n)
+        self.cache = (xhat, rstd)
+        return gamma * xhat + beta
+
+    def update_running_averages(self, mean, var, n):
+        m = self.momentum
+        self.running_mean *= 1 - m
+        self.running_mean += m * mean
+        self.running_var *= 1 - m
+        self.running_var += m * var * (n / (n - 1))
+
+    def backward(self, dout):
+        """(Training mode.) With y = gamma * xhat + beta per channel:
+            dgamma = sum over (B, H, W) of dy * xhat,   dbeta = sum over (B, H, W) of dy;
+        g = dy * gamma reaches x through xhat directly and through the batch's mean
+        and rstd, every image of the batch through every other:
+            dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  means over (B, H, W).
+        The running averages take no gradient.
+        """
+        xhat, rstd = self._take_cache()
+        self.weight.grad += (dout * xhat).sum(axis=(0, 2, 3))
+        self.bias.grad += dout.sum(axis=(0, 2, 3))
+        g = dout * self.weight.data[:, None, None]  # (B, C, H, W)
+        return normalize_backward(g, xhat, rstd, axes=(0, 2, 3))
+
+
+class GroupNorm(Module):
+    """y = gamma * (x - mean) / sqrt(var + eps) + beta, mean and biased var over each
+    image's group of C/G channels and all their pixels (BiT's ResNet-V2 norm);
+    gamma (``weight``) and beta (``bias``) per channel. The same in training and
+    eval mode. The cache is xhat and rstd, grouped (B, G, C/G * H * W).
+    """
+
+    def __init__(self, num_groups, num_channels, eps=1e-5, dtype=None):
+        super().__init__()
+        if num_groups < 1 or num_channels % num_groups:
+            raise ValueError(f"GroupNorm: num_channels {num_channels} is not divisible by "
+                             f"num_groups {num_groups}")
+        dtype = dtype or get_default_dtype()
+        self.num_groups, self.num_channels, self.eps = num_groups, num_channels, eps
+        self.weight = Parameter(xp.ones(num_channels, dtype=dtype))
+        self.bias = Parameter(xp.zeros(num_channels, dtype=dtype))
+
+    def forward(self, x):
+        check_image_batch(x, self.num_channels, "GroupNorm")
+        B, C, H, W = x.shape
+        xg = x.reshape(B, self.num_groups, -1)  # (B, G, C/G*H*W)
+        mean = xg.mean(axis=2, keepdims=True)  # (B, G, 1)
+        centered = xg - mean
+        var = (centered * centered).mean(axis=2, keepdims=True)  # (B, G, 1)
+        rstd = 1.0 / xp.sqrt(var + self.eps)  # (B, G, 1)
+        xhat = centered * rstd  # (B, G, C/G*H*W)
+        self.cache = (xhat, rstd) if self.training else None
+        y = xhat.reshape(B, C, H, W)
+        return self.weight.data[:, None, None] * y + self.bias.data[:, None, None]
+
+    def backward(self, dout):
+        """As BatchNorm2d's, with the statistics per (image, group):
+            dgamma = sum over (B, H, W) of dy * xhat,   dbeta = sum over (B, H, W) of dy,
+            g = dy * gamma,   dx = rstd * (g - mean(g) - xhat * mean(g * xhat))
+        with the means over each group's C/G*H*W values.
+        """
+        xhat, rstd = self._take_cache()
+        B, C, H, W = dout.shape
+        self.weight.grad += (dout * xhat.reshape(B, C, H, W)).sum(axis=(0, 2, 3))
+        self.bias.grad += dout.sum(axis=(0, 2, 3))
+        g = (dout * self.weight.data[:, None, None]).reshape(xhat.shape)  # (B, G, C/G*H*W)
+        return normalize_backward(g, xhat, rstd, axes=2).reshape(B, C, H, W)
+
+
+# ---------------------------------------------------------------------------
+# ReLU, MaxPool2d
+# ---------------------------------------------------------------------------
+
+
+class ReLU(Module):
+    """y = max(x, 0). The cache is the output y: y > 0 exactly where x > 0."""
+
+    def forward(self, x):
+        check_float(x, "ReLU")
+        y = xp.maximum(x, 0)
+        self.cache = y if self.training else None
+        return y
+
+    def backward(self, dout):
+        """dy/dx = 1 where x > 0, else 0 (at x = 0 too, as PyTorch): dx = dout * (y > 0)."""
+        y = self._take_cache()
+        return dout * (y > 0)
+
+
+class MaxPool2d(Module):
+    """y[b, c, ho, wo] = the max of x's kh x kw window at (s*ho - p, s*wo - p), the
+    padding -inf (so it never wins). ``stride`` defaults to the kernel size, and
+    ``padding`` may be at most half the kernel (as in PyTorch: no window is all
+    padding).
+
+    The cache is the argmax of each window: its first maximum in row-major window
+    order (i * kw + j), so ties go to one element, the same one every time.
+    """
+
+    def __init__(self, kernel_size, stride=None, padding=0):
+        super().__init__()
+        self.kernel_size = pair(kernel_size, "MaxPool2d: kernel_size", 1)
+        self.stride = pair(self.kernel_size if stride is None else stride, "MaxPool2d: stride", 1)
+        self.padding = pair(padding, "MaxPool2d: padding", 0)
+        if any(2 * p > k for p, k in zip(self.padding, self.kernel_size)):
+            raise ValueError(f"MaxPool2d: padding must be at most half the kernel size, got "
+                             f"padding {self.padding} for kernel {self.kernel_size}")
+
+    def forward(self, x):
+        check_float(x, "MaxPool2d")
+        if x.ndim != 4:
+            raise ValueError(f"MaxPool2d: expected input (B, C, H, W), got shape {x.shape}")
+        check_fits(x, self.kernel_size, self.padding, "MaxPool2d")
+        B, C = x.shape[:2]
+        xpad = pad_spatial(x, self.padding, value=-xp.inf)  # (B, C, Hp, Wp)
+        windows = sliding_windows(xpad, self.kernel_size, self.stride)  # (B, C, kh, kw, Ho, Wo)
+        Ho, Wo = windows.shape[-2:]
+        windows = windows.reshape(B, C, -1, Ho, Wo)  # (B, C, kh*kw, Ho, Wo), a copy
+        argmax = windows.argmax(axis=2)  # (B, C, Ho, Wo): the first maximum
+        self.cache = (argmax, xpad.shape) if self.training else None
+        return windows.max(axis=2)  # (B, C, Ho, Wo)
+
+    def backward(self, dout):
+        """y is the window entry at argmax, so each window sends its gradient to that
+        one entry and none to the others; col2im then adds it into the pixel the
+        entry was read from (summing where windows overlap, s < k)."""
+        argmax, padded_shape = self._take_cache()
+        B, C, Ho, Wo = dout.shape
+        kh, kw = self.kernel_size
+        offsets = xp.arange(kh * kw)[:, None, None]  # (kh*kw, 1, 1)
+        onehot = offsets == argmax[:, :, None]  # (B, C, kh*kw, Ho, Wo)
+        dwindows = (onehot * dout[:, :, None]).reshape(B, C, kh, kw, Ho, Wo)
+        dxpad = col2im(dwindows, padded_shape, self.stride)  # (B, C, Hp, Wp)
+        return xp.ascontiguousarray(unpad_spatial(dxpad, self.padding))  # (B, C, H, W)
