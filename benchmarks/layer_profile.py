@@ -29,12 +29,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # train_mnist.py's RECIPES
 
 import train_mnist  # noqa: E402
-from tinyvit import allocator, augment, backend, fast, layers, loss, model, module  # noqa: E402
+from tinyvit import allocator, augment, backend, conv, fast, hybrid, layers, loss, model, module  # noqa: E402
 from tinyvit.data import dataset_info  # noqa: E402
 from tinyvit.train import Trainer, training_batches  # noqa: E402
 
 # every layer class (each Module subclass defined in these modules), the loss included
-LAYERS = [cls for source in (module, layers, model, loss) for cls in vars(source).values()
+LAYERS = [cls for source in (module, layers, conv, hybrid, model, loss)
+          for cls in vars(source).values()
           if isinstance(cls, type) and issubclass(cls, module.Module) and cls is not module.Module
           and cls.__module__ == source.__name__]
 AUGMENTATIONS = ("random_crop", "horizontal_flip", "random_erasing", "mixup", "cutmix")

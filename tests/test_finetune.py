@@ -67,7 +67,8 @@ def test_init_resizes_the_position_embeddings_and_keeps_the_head(stripes, pretra
     state = model.state_dict()
     assert model.config.image_size == 42 and state["pos_embed"].shape == (1, 37, 16)
     np.testing.assert_array_equal(state["head.weight"], source["head.weight"])
-    np.testing.assert_array_equal(state["blocks.0.mlp.fc1.weight"], source["blocks.0.mlp.fc1.weight"])
+    key = "blocks.0.mlp.fc1.weight"
+    np.testing.assert_array_equal(state[key], source[key])
     assert any("pos_embed resized from 4x4 to 6x6" in line for line in notes)
     assert notes[0] == f"{pretrained_run / 'best.npz'}: tinyvit training checkpoint"
 
@@ -82,12 +83,14 @@ def test_reset_head_or_new_classes_start_from_a_zero_head(stripes, pretrained_ru
     small.head.bias.data = small.head.bias.data[:4]
     small.config.num_classes = 4
     small.save(tmp_path / "four.npz")
-    model, notes = build_model(tiny_config(stripes, tmp_path / "c", init=str(tmp_path / "four.npz")))
+    config = tiny_config(stripes, tmp_path / "c", init=str(tmp_path / "four.npz"))
+    model, notes = build_model(config)
     assert model.head.weight.shape == (10, 16) and not B.to_host(model.head.weight.data).any()
     assert "head set to zero (head='zero')" in notes
 
 
-def test_fine_tuning_at_a_higher_resolution_trains_and_is_recorded(stripes, pretrained_run, tmp_path):
+def test_fine_tuning_at_a_higher_resolution_trains_and_is_recorded(stripes, pretrained_run,
+                                                                   tmp_path):
     out = tmp_path / "ft"
     history = fit(tiny_config(stripes, out, init=str(pretrained_run), epochs=5,
                               model_overrides={"image_size": 42}))

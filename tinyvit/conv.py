@@ -278,10 +278,10 @@ class BatchNorm2d(Module):
         check_image_batch(x, self.num_features, "BatchNorm2d")
         gamma = self.weight.data[:, None, None]  # (C, 1, 1)
         beta = self.bias.data[:, None, None]
-        if not self.training:  # the averages in x's dtype (Module.astype converts parameters only)
+        if not self.training:  # normalized by the running averages
             self.cache = None
-            mean = self.running_mean.astype(x.dtype, copy=False)[:, None, None]  # (C, 1, 1)
-            rstd = 1.0 / xp.sqrt(self.running_var.astype(x.dtype, copy=False) + self.eps)
+            mean = self.running_mean[:, None, None]  # (C, 1, 1)
+            rstd = 1.0 / xp.sqrt(self.running_var + self.eps)
             return (x - mean) * (gamma * rstd[:, None, None]) + beta
         n = x.shape[0] * x.shape[2] * x.shape[3]
         if n < 2:

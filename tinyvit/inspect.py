@@ -92,7 +92,8 @@ def patch_embed_components(model, k=28):
     """
     if k < 1:
         raise ValueError(f"patch_embed_components: k must be at least 1, got {k}")
-    weight = to_host(model.patch_embed.proj.weight.data).astype(np.float64)  # (D, C*P*P)
+    filters = input_filters(model)  # (D, C, P, P)
+    weight = filters.reshape(len(filters), -1).astype(np.float64)  # (D, C*P*P)
     k = min(k, *weight.shape)
     _, s, vt = np.linalg.svd(weight - weight.mean(axis=0), full_matrices=False)
     components = vt[:k]  # (k, C*P*P), orthonormal rows
@@ -100,8 +101,15 @@ def patch_embed_components(model, k=28):
     components = components * np.sign(components[np.arange(k), peak])[:, None]
     variance = s**2
     ratios = variance[:k] / (variance.sum() or 1.0)
-    _, C, P, _ = model.patch_embed.conv_shape
-    return components.reshape(k, C, P, P), ratios
+    return components.reshape(k, *filters.shape[1:]), ratios
+
+
+def input_filters(model):
+    """The learned filters that look at the input pixels, (D, C, P, P) on the host:
+    the patch embedding's, or for a hybrid the stem's first convolution's."""
+    if model.config.stem:
+        return to_host(model.patch_embed.backbone.conv1.weight.data)
+    return to_host(model.patch_embed.weight_to_conv(model.patch_embed.proj.weight.data))
 
 
 def pos_embed_similarity(model):
@@ -145,7 +153,8 @@ def attention_distance(attentions, patch_size):
 
     Args:
         attentions: a list of L (B, H, N, N) arrays, rows = queries (``model.attention_maps()``).
-        patch_size: P, pixels per patch side.
+        patch_size: pixels per patch side (``ViTConfig.token_size``: for a hybrid,
+            the input pixels one token of the feature map stands for).
     Returns:
         (L, H) float64, averaged over the B images.
     """
@@ -184,7 +193,7 @@ def mean_attention_distance(model, images, batch_size=128):
         for start in range(0, len(images), batch_size):
             x = to_device(images[start:start + batch_size])
             model.forward(x)
-            total += attention_distance(model.attention_maps(), model.config.patch_size) * len(x)
+            total += attention_distance(model.attention_maps(), model.config.token_size) * len(x)
     return total / len(images)
 
 
@@ -263,13 +272,14 @@ def plot_patch_embed_filters(model, path, k=28):
     most positive, per tile; colour for RGB models), captioned with the share of
     variance each explains."""
     components, ratios = patch_embed_components(model, k)
-    D, C, P, _ = model.patch_embed.conv_shape
+    D, _, P, _ = input_filters(model).shape
+    which = "the stem's first convolution" if model.config.stem else "patch-embedding"
     tiles = [_channels_last(c) for c in components]
     titles = [f"PC{i + 1}  {100 * r:.1f}%" for i, r in enumerate(ratios)]
     return plot.image_grid(
         tiles, path, cols=min(7, len(tiles)), tile_titles=titles,
         scale=math.ceil(TILE_PX * 0.75 / P),
-        title=f"patch-embedding filters: top {len(tiles)} principal components of the "
+        title=f"{which} filters: top {len(tiles)} principal components of the "
               f"{D} learned {P}x{P} filters (% of variance)",
     )
 
@@ -291,7 +301,7 @@ def plot_pos_embed_similarity(model, path):
     )
 
 
-def plot_attention_distance(distances, path, patch_size, image_size, num_images):
+def plot_attention_distance(distances, path, token_size, image_size, num_images):
     """Mean attention distance (L, H) against depth, one marker per head and the
     mean of the heads as a line, in two panels: on an axis from 0 with two
     references, uniform attention over all patches (the mean pairwise patch
@@ -299,7 +309,7 @@ def plot_attention_distance(distances, path, patch_size, image_size, num_images)
     distances = np.asarray(distances)
     L, H = distances.shape
     layers = np.arange(1, L + 1)
-    uniform = patch_distances(image_size // patch_size, patch_size).mean()
+    uniform = patch_distances(round(image_size / token_size), token_size).mean()
 
     heads = [plot.Series(f"head {h + 1}", layers, distances[:, h], style="markers")
              for h in range(H)]
@@ -315,7 +325,7 @@ def plot_attention_distance(distances, path, patch_size, image_size, num_images)
          plot.Panel("zoomed in on the heads", xlabel, ylabel, heads)],
         path, panel_size=(520, 400),
         title=f"mean attention distance between query and key patches: {L} layers x {H} heads, "
-              f"{num_images} images of {image_size}x{image_size} px, {patch_size} px patches",
+              f"{num_images} images of {image_size}x{image_size} px, {token_size:g} px per token",
     )
 
 
@@ -368,7 +378,7 @@ def write_pictures(model, out_dir, map_images, distance_images, class_names=None
     return [
         plot_patch_embed_filters(model, out / PICTURES[0]),
         plot_pos_embed_similarity(model, out / PICTURES[1]),
-        plot_attention_distance(distances, out / PICTURES[2], c.patch_size, c.image_size,
+        plot_attention_distance(distances, out / PICTURES[2], c.token_size, c.image_size,
                                 len(distance_images)),
         plot_attention_maps(model, map_images, out / PICTURES[3], class_names),
     ]

@@ -18,6 +18,7 @@ import json
 from .backend import get_default_dtype, host_rng, to_device, to_host, xp
 from .backend import rng as device_rng
 from .checks import check_fields
+from .hybrid import STEM_NORMS, ConvStem, HybridEmbed, stem_output_size
 from .layers import Block, ClassAttentionBlock, Dropout, LayerNorm, Linear, PatchEmbed, PreLogits
 from .module import Module, Parameter, trunc_normal
 
@@ -38,8 +39,14 @@ class ViTConfig:
     pool: str = "cls"
     norm_eps: float = 1e-6  # LayerNorm's eps: 1e-6 as the paper's code and timm (HF: 1e-12)
     representation_size: int = 0  # > 0: a pre-logits layer tanh(Linear(D, R)) before the head
+    # the hybrid model (tinyvit/hybrid.py): a convolutional stem, one (channels, kernel, stride)
+    # per conv, patch_size then counting feature-map positions; () for the plain ViT
+    stem: tuple = ()
+    stem_norm: str = "batch"  # or "group": GroupNorm over weight-standardized convs
+    stem_pool: bool = False  # a 3x3 max pool of stride 2 after the convs
 
     def __post_init__(self):
+        self.stem = tuple(tuple(int(v) for v in stage) for stage in self.stem)  # JSON gives lists
         check_fields(self, ("image_size", "patch_size", "in_channels", "num_classes", "embed_dim",
                             "depth", "num_heads"), lambda n: n >= 1, "at least 1")
         check_fields(self, ("dropout", "attn_dropout"), lambda p: 0.0 <= p < 1.0, "in [0, 1)")
@@ -50,9 +57,15 @@ class ViTConfig:
                 f"mlp_ratio {self.mlp_ratio} leaves the MLP no hidden unit "
                 f"at embed_dim {self.embed_dim}"
             )
-        if self.image_size % self.patch_size:
+        if any(len(stage) != 3 or min(stage) < 1 for stage in self.stem):
+            raise ValueError(f"stem must hold (channels, kernel, stride) triples of positive "
+                             f"ints, got {self.stem}")
+        if self.stem_norm not in STEM_NORMS:
+            raise ValueError(f"stem_norm must be one of {STEM_NORMS}, got {self.stem_norm!r}")
+        if self.feature_size % self.patch_size:
+            what = "the stem's feature map" if self.stem else "image_size"
             raise ValueError(
-                f"image_size {self.image_size} is not divisible by patch_size {self.patch_size}"
+                f"{what} {self.feature_size} is not divisible by patch_size {self.patch_size}"
             )
         if self.embed_dim % self.num_heads:
             raise ValueError(
@@ -62,8 +75,18 @@ class ViTConfig:
             raise ValueError(f"pool must be 'cls' or 'mean', got {self.pool!r}")
 
     @property
+    def feature_size(self):
+        """The side of what the patches are cut from: the image, or the stem's feature map."""
+        return stem_output_size(self.image_size, self.stem, self.stem_pool)
+
+    @property
     def num_patches(self):
-        return (self.image_size // self.patch_size) ** 2
+        return (self.feature_size // self.patch_size) ** 2
+
+    @property
+    def token_size(self):
+        """The side, in input pixels, of the image region one patch token stands for."""
+        return self.image_size / (self.feature_size // self.patch_size)
 
 
 PRESETS = {
@@ -71,6 +94,19 @@ PRESETS = {
     "mnist": ViTConfig(),
     "cifar10": ViTConfig(
         image_size=32, patch_size=4, in_channels=3, embed_dim=192, depth=6, num_heads=3
+    ),
+    # hybrids (tinyvit/hybrid.py) for 2 CPU cores: a two-convolution stem to a 7x7 map of
+    # 64 channels, each position a token (161,002 parameters)
+    "mnist_hybrid": ViTConfig(stem=((32, 3, 2), (64, 3, 2)), patch_size=1),
+    # 32x32: three convolutions to an 8x8 map of 128 channels, 4 blocks of dim 128
+    "cifar10_hybrid": ViTConfig(
+        image_size=32, patch_size=1, in_channels=3, embed_dim=128, depth=4, num_heads=4,
+        pool="mean", stem=((32, 3, 1), (64, 3, 2), (128, 3, 2)),
+    ),
+    # one GPU: the same stem, wider, then 7 blocks of dim 256 (ViT-Lite-7's transformer)
+    "cifar10_hybrid_gpu": ViTConfig(
+        image_size=32, patch_size=1, in_channels=3, embed_dim=256, depth=7, num_heads=4,
+        pool="mean", stem=((64, 3, 1), (128, 3, 2), (256, 3, 2)),
     ),
     # the paper's models (ViT-Ti from DeiT) at 224x224, as timm's vit_*_patch16_224
     "vit_tiny_patch16_224": ViTConfig(
@@ -122,8 +158,13 @@ class ViT(Module):
         dtype = dtype or get_default_dtype()
         init = host_rng(seed)
         D, N = config.embed_dim, config.num_patches + 1
-        self.patch_embed = PatchEmbed(config.patch_size, config.in_channels, D, rng=init,
-                                      dtype=dtype)
+        if config.stem:
+            stem = ConvStem(config.in_channels, config.stem, config.stem_norm, config.stem_pool,
+                            rng=init, dtype=dtype)
+            self.patch_embed = HybridEmbed(stem, config.patch_size, D, rng=init, dtype=dtype)
+        else:
+            self.patch_embed = PatchEmbed(config.patch_size, config.in_channels, D, rng=init,
+                                          dtype=dtype)
         self.cls_token = Parameter(trunc_normal(init, (1, 1, D), std=1e-6, dtype=dtype))
         self.pos_embed = Parameter(trunc_normal(init, (1, N, D), dtype=dtype))
         self.pos_drop = Dropout(config.dropout)
@@ -328,56 +369,92 @@ class ViT(Module):
     # -- summary ---------------------------------------------------------------
 
     def summary(self, print_fn=print):
-        """Print (and return) a table of layers, output shapes and parameter counts,
-        like the torchsummary tables people print for ViT (B = batch)."""
-        c = self.config
-        N, D, K = c.num_patches + 1, c.embed_dim, c.num_classes
-        hidden = int(D * c.mlp_ratio)
-        rows = [("patch_embed.proj (Conv2d as Linear)", (N - 1, D), self.patch_embed)]
-        rows.append(("cls_token + pos_embed", (N, D), (self.cls_token, self.pos_embed)))
-        for i, block in enumerate(self.blocks):
-            p = f"blocks.{i}"
-            Q = 1 if isinstance(block, ClassAttentionBlock) else N  # rows after its attention
-            rows += [
-                (f"{p}.norm1 (LayerNorm)", (N, D), block.norm1),
-                (f"{p}.attn.qkv (Linear)", (N, 3 * D), block.attn.qkv),
-                (f"{p}.attn.softmax ({c.num_heads} heads)", (c.num_heads, Q, N), None),
-                (f"{p}.attn.proj (Linear)", (Q, D), block.attn.proj),
-                (f"{p}.norm2 (LayerNorm)", (Q, D), block.norm2),
-                (f"{p}.mlp.fc1 (Linear)", (Q, hidden), block.mlp.fc1),
-                (f"{p}.mlp.act (GELU)", (Q, hidden), None),
-                (f"{p}.mlp.fc2 (Linear)", (Q, D), block.mlp.fc2),
-            ]
-        norm_name = "fc_norm" if c.pool == "mean" else "norm"
-        rows.append((f"pool ({c.pool})", (D,), None))
-        rows.append((f"{norm_name} (LayerNorm)", (D,), self.norm))
-        rows.append(("head (Linear)", (K,), self.head))
-
-        def count(owner):
-            if owner is None:
-                return 0
-            if isinstance(owner, tuple):
-                return sum(p.data.size for p in owner)
-            return owner.num_parameters()
-
+        """Print (and return) a table of layers, output shapes, parameter counts and
+        forward FLOPs per image, like the torchsummary tables people print for ViT
+        (B = batch). FLOPs count the matmuls and convolutions, 2 per multiply-add."""
+        rows = self._summary_rows()
         width = max(len(r[0]) for r in rows) + 2
-        rule = "-" * (width + 36)
-        lines = [rule, f"{'Layer (type)':<{width}}{'Output shape':<22}{'Param #':>14}", rule]
-        for name, shape, owner in rows:
+        rule = "-" * (width + 50)
+        lines = [rule, f"{'Layer (type)':<{width}}{'Output shape':<22}{'Param #':>14}{'FLOPs':>14}",
+                 rule]
+        for name, shape, owner, flops in rows:
             shape_text = "[B, " + ", ".join(str(s) for s in shape) + "]"
-            lines.append(f"{name:<{width}}{shape_text:<22}{count(owner):>14,}")
-        total = self.num_parameters()
+            lines.append(f"{name:<{width}}{shape_text:<22}{_count(owner):>14,}{flops:>14,}")
+        c, total = self.config, self.num_parameters()
+        tokens = f"{c.num_patches} patches + 1 class token"
+        source = f"of its {c.feature_size}x{c.feature_size} feature map" if c.stem else ""
         lines += [
             rule,
             f"Total params: {total:,}",
             f"Trainable params: {total:,}",
+            f"Forward FLOPs per image: {self.flops_per_image():,}",
             f"Input: [B, {c.in_channels}, {c.image_size}, {c.image_size}], "
-            f"patch_size {c.patch_size}, {N - 1} patches + 1 class token",
+            f"patch_size {c.patch_size} {source}".rstrip() + f", {tokens}",
             rule,
         ]
         text = "\n".join(lines)
         print_fn(text)
         return text
+
+    def flops_per_image(self):
+        """Forward FLOPs of one image's matmuls and convolutions (2 per multiply-add)."""
+        return sum(row[3] for row in self._summary_rows())
+
+    def _summary_rows(self):
+        """(name, output shape, parameter owner, forward FLOPs per image) per layer."""
+        c = self.config
+        N, D, K = c.num_patches + 1, c.embed_dim, c.num_classes
+        hidden = int(D * c.mlp_ratio)
+        rows, channels, size = [], c.in_channels, c.image_size
+        if c.stem:
+            stem = self.patch_embed.backbone
+            for i, (out, k, stride) in enumerate(c.stem, start=1):
+                size = stem_output_size(size, [(out, k, stride)], False)
+                flops = 2 * channels * k * k * out * size * size
+                rows += [(f"patch_embed.backbone.conv{i} (Conv2d {k}x{k}/{stride})",
+                          (out, size, size), getattr(stem, f"conv{i}"), flops),
+                         (f"patch_embed.backbone.norm{i} + ReLU", (out, size, size),
+                          getattr(stem, f"norm{i}"), 0)]
+                channels = out
+            if c.stem_pool:
+                size = stem_output_size(size, (), True)
+                rows.append(("patch_embed.backbone.pool (MaxPool2d 3x3/2)", (channels, size, size),
+                             None, 0))
+        fan_in = channels * c.patch_size**2
+        rows.append(("patch_embed.proj (Conv2d as Linear)", (N - 1, D), self.patch_embed.proj,
+                     2 * (N - 1) * fan_in * D))
+        rows.append(("cls_token + pos_embed", (N, D), (self.cls_token, self.pos_embed), 0))
+        for i, block in enumerate(self.blocks):
+            p = f"blocks.{i}"
+            Q = 1 if isinstance(block, ClassAttentionBlock) else N  # rows after its attention
+            rows += [
+                (f"{p}.norm1 (LayerNorm)", (N, D), block.norm1, 0),
+                (f"{p}.attn.qkv (Linear)", (N, 3 * D), block.attn.qkv, 2 * N * D * 3 * D),
+                (f"{p}.attn.softmax ({c.num_heads} heads)", (c.num_heads, Q, N), None,
+                 2 * 2 * Q * N * D),  # q k^T and A v, all heads
+                (f"{p}.attn.proj (Linear)", (Q, D), block.attn.proj, 2 * Q * D * D),
+                (f"{p}.norm2 (LayerNorm)", (Q, D), block.norm2, 0),
+                (f"{p}.mlp.fc1 (Linear)", (Q, hidden), block.mlp.fc1, 2 * Q * D * hidden),
+                (f"{p}.mlp.act (GELU)", (Q, hidden), None, 0),
+                (f"{p}.mlp.fc2 (Linear)", (Q, D), block.mlp.fc2, 2 * Q * hidden * D),
+            ]
+        norm_name = "fc_norm" if c.pool == "mean" else "norm"
+        rows.append((f"pool ({c.pool})", (D,), None, 0))
+        rows.append((f"{norm_name} (LayerNorm)", (D,), self.norm, 0))
+        R = c.representation_size
+        if R:
+            rows.append(("pre_logits (Linear + tanh)", (R,), self.pre_logits, 2 * D * R))
+        rows.append(("head (Linear)", (K,), self.head, 2 * (R or D) * K))
+        return rows
+
+
+def _count(owner):
+    """Parameters of a module, of a tuple of Parameters, or 0 for None."""
+    if owner is None:
+        return 0
+    if isinstance(owner, tuple):
+        return sum(p.data.size for p in owner)
+    return owner.num_parameters()
 
 
 # -- position embeddings at another image size ----------------------------------
@@ -475,8 +552,8 @@ def resize_image(model, image_size):
     unchanged, so the grid goes from image_size/P to the new image_size/P per side.
     The new model has the old one's dtype and train/eval mode."""
     config = dataclasses.replace(model.config, image_size=image_size)  # checks divisibility
-    old_grid = model.config.image_size // model.config.patch_size
-    new_grid = image_size // config.patch_size
+    old_grid = model.config.feature_size // model.config.patch_size
+    new_grid = config.feature_size // config.patch_size
     resized = ViT(config, dtype=model.pos_embed.data.dtype.type)
     state = model.state_dict()
     state["pos_embed"] = to_host(resize_pos_embed(model.pos_embed.data, old_grid, new_grid))

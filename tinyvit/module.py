@@ -112,7 +112,8 @@ class Module:
         """(name, module, attribute) of every buffer, named as parameters are."""
         for module_name, module in self.named_modules():
             for attribute in module.buffers:
-                yield (f"{module_name}.{attribute}" if module_name else attribute), module, attribute
+                name = f"{module_name}.{attribute}" if module_name else attribute
+                yield name, module, attribute
 
     def num_parameters(self):
         return sum(p.data.size for p in self.parameters())
@@ -135,10 +136,12 @@ class Module:
                 p.grad.fill(0)
 
     def astype(self, dtype):
-        """Convert every parameter (and its gradient) to ``dtype``, in place."""
+        """Convert every parameter (and its gradient) and every buffer to ``dtype``, in place."""
         for p in self.parameters():
             p.data = p.data.astype(dtype)
             p.grad = p.grad.astype(dtype)
+        for _, module, attribute in self.named_buffers():
+            setattr(module, attribute, getattr(module, attribute).astype(dtype))
         self._flat = None
         return self
 

@@ -4,7 +4,7 @@ Why: at the sizes tinyvit trains on a laptop, most of a NumPy training step is
 elementwise work (LayerNorm, GELU, softmax, bias, residual) that NumPy runs on
 one core, and small matmuls that OpenBLAS's second thread speeds up by only
 5-10%. Two processes with one BLAS thread and half of the batch each keep two
-cores busy all the time (the README's Performance section has the figures).
+cores busy all the time (docs/performance.md has the figures).
 
 How: every worker holds a replica of the model; the weights, the batch and the
 results travel through shared memory, the commands through a pipe. For one
@@ -17,6 +17,10 @@ The loss is a mean over the batch, L = sum_w (B_w / B) L_w with L_w the mean
 over worker w's B_w rows, so its gradient is sum_w (B_w / B) g_w: the parent
 forms that in its own model's gradient buffer and steps its optimizer as in a
 single process. Inference splits the batch the same way, forward only.
+A BatchNorm stem normalizes each worker's share by that share's statistics (as
+data-parallel PyTorch does without SyncBatchNorm); each worker updates the
+running averages from the same values, and the parent keeps their mean, which
+every worker reads back with the weights at the next command.
 
 A run with W workers is exactly reproducible with W workers. Against one
 process each step's gradient differs only by float rounding (the sums run in
@@ -32,6 +36,7 @@ import traceback
 
 from .allocator import keep_freed_memory
 from .backend import default_dtype, on_cpu, xp
+from .fast import reference_on, use_reference
 from .loss import SoftmaxCrossEntropy, loss_and_gradients
 from .model import ViT
 
@@ -76,6 +81,7 @@ class DataParallel:
             raise ValueError(f"DataParallel: expected at least 2 workers, got {workers}")
         self.workers, self.max_batch = workers, max_batch
         self.data, self.grad, _ = model.flat_parameters()
+        self.buffers = model.flat_buffers()  # BatchNorm's running averages, if any
         config = model.config
         # a fresh interpreter: no forked BLAS threads
         context = multiprocessing.get_context("spawn")
@@ -85,6 +91,8 @@ class DataParallel:
             "images": (max_batch, config.in_channels, config.image_size, config.image_size),
             "targets": (max_batch, config.num_classes),
             "logits": (max_batch, config.num_classes),
+            "buffers": (self.buffers.size,),
+            "worker_buffers": (workers, self.buffers.size),
         }
         dtype = self.data.dtype.str
         raw = {name: context.RawArray("b", math.prod(shape) * self.data.itemsize)
@@ -93,7 +101,7 @@ class DataParallel:
         self.pipes, self.processes, self._worker_ends = [], [], []
         for rank in range(workers):
             parent_end, worker_end = context.Pipe()
-            args = (rank, config, dtype,
+            args = (rank, config, dtype, reference_on(),
                     {name: (raw[name], shapes[name], dtype) for name in shapes}, worker_end)
             self.pipes.append(parent_end)
             self._worker_ends.append(worker_end)
@@ -143,10 +151,14 @@ class DataParallel:
         self.shared["targets"][:n] = targets
         self.grad.fill(0)
         loss = 0.0
+        averages = xp.zeros_like(self.buffers)
         for rank, lo, hi, worker_loss in self._run("train", x, seed):
             share = (hi - lo) / n
             self.grad += share * self.shared["grads"][rank]
             loss += share * worker_loss
+            averages += share * self.shared["worker_buffers"][rank]
+        # each worker updated the running averages with its share's statistics: their mean
+        self.buffers[...] = averages
         return loss, self.shared["logits"][:n].copy()
 
     def forward(self, x):
@@ -168,6 +180,7 @@ class DataParallel:
             )
         self.shared["images"][:n] = x
         self.shared["weights"][...] = self.data  # the weights the optimizer wrote last
+        self.shared["buffers"][...] = self.buffers
         shards = [(rank, lo, hi) for rank, (lo, hi) in enumerate(self.shards(n)) if hi > lo]
         try:
             for rank, lo, hi in shards:
@@ -190,19 +203,22 @@ def _view(raw, shape, dtype):
     return xp.frombuffer(raw, dtype=dtype).reshape(shape)
 
 
-def _worker(rank, config, dtype, buffers, pipe):
+def _worker(rank, config, dtype, reference, arrays, pipe):
     """A worker's loop: one command per message until None."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the parent, which saves the run
     keep_freed_memory()  # this process is tinyvit's own: reuse freed arrays' pages
-    shared = {name: _view(*spec) for name, spec in buffers.items()}
+    shared = {name: _view(*spec) for name, spec in arrays.items()}
+    use_reference(reference)  # the parent's tier
     with default_dtype(dtype):
         model = ViT(config)  # its weights are overwritten from shared memory at every command
     weights, grad, _ = model.flat_parameters()
+    buffers = model.flat_buffers()
     criterion = SoftmaxCrossEntropy()  # targets come as distributions, label smoothing applied
     while (command := pipe.recv()) is not None:
         mode, lo, hi, seed = command
         try:
             weights[...] = shared["weights"]
+            buffers[...] = shared["buffers"]
             x = shared["images"][lo:hi]
             if mode == "eval":
                 if model.training:  # switching walks every module: only when the mode changes
@@ -213,6 +229,7 @@ def _worker(rank, config, dtype, buffers, pipe):
             loss, logits = loss_and_gradients(model, criterion, x, shared["targets"][lo:hi],
                                               (*_as_tuple(seed), rank))
             shared["grads"][rank] = grad
+            shared["worker_buffers"][rank] = buffers
             shared["logits"][lo:hi] = logits
             pipe.send(("ok", float(loss)))
         except Exception:

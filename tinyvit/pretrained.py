@@ -759,7 +759,8 @@ def adapt_state(pretrained, model, head):
     state, notes, f, c = dict(pretrained.state), [], pretrained.fields, model.config
     built = model.state_dict()
     if f["image_size"] != c.image_size:
-        old, new = f["image_size"] // c.patch_size, c.image_size // c.patch_size
+        grid = dataclasses.replace(c, image_size=f["image_size"]).feature_size // c.patch_size
+        old, new = grid, c.feature_size // c.patch_size
         pos = resize_pos_embed(to_device(state["pos_embed"]), old, new)
         state["pos_embed"] = to_host(pos)
         notes.append(f"pos_embed resized from {old}x{old} to {new}x{new} patches (bicubic)")

@@ -77,7 +77,8 @@ class TrainConfig:
             self.model_config()  # the dataset, the preset and its overrides
         if self.optimizer not in ("adamw", "sgd"):
             raise ValueError(f"optimizer must be 'adamw' or 'sgd', got {self.optimizer!r}")
-        check_fields(self, ("epochs", "batch_size", "eval_batch_size", "eval_every", "log_every", "workers"),
+        check_fields(self, ("epochs", "batch_size", "eval_batch_size", "eval_every", "log_every",
+                            "workers"),
                      lambda n: n >= 1, "at least 1")
         check_fields(self, ("lr",), lambda x: x > 0, "positive")
         check_fields(self, ("min_lr", "warmup_epochs", "weight_decay", "clip_grad", "max_shift",
@@ -145,7 +146,8 @@ class Trainer:
     def __enter__(self):
         c = self.config
         if c.workers > 1:
-            self.parallel = DataParallel(self.model, c.workers, max(c.batch_size, c.eval_batch_size))
+            self.parallel = DataParallel(self.model, c.workers,
+                                         max(c.batch_size, c.eval_batch_size))
             self.parallel.__enter__()
         return self
 
@@ -286,7 +288,8 @@ def fit(config, resume=None, stop_after_steps=None):
         model, state["init"] = build_model(config)
     else:
         model = ViT(saved_model_config(meta, config))
-    out = Path(config.out_dir)  # made once data and model are read: a run that cannot start leaves nothing
+    # made once data and model are read: a run that cannot start leaves nothing
+    out = Path(config.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     trainer = Trainer(config, model)
     if resume is not None:
@@ -305,7 +308,8 @@ def fit(config, resume=None, stop_after_steps=None):
             _finish(trainer, test_batches, state, trainer.config, out, evaluation)
         except KeyboardInterrupt:  # in training or in evaluation: state says where the run is
             path = _save(out / "last.npz", trainer, state)
-            print(f"\ninterrupted: saved {path} (epoch {state['epoch'] + 1}, step {state['step']}); "
+            print(f"\ninterrupted: saved {path} "
+                  f"(epoch {state['epoch'] + 1}, step {state['step']}); "
                   f"resume with --resume {path}")
             raise
     return state["history"]
@@ -327,9 +331,9 @@ def _train_epoch(trainer, batches, state, stop_after_steps, steps_done):
         run["seen"] += sum(size for _, _, size in pending)
         pending.clear()
 
+    epochs = "?" if config.budget and not state["plan"] else config.epochs  # "?": not planned yet
     bar = tqdm(batches.epoch(epoch, start=state["step"]), total=n, initial=state["step"],
-               desc=f"epoch {epoch + 1}/{'?' if config.budget and not state['plan'] else config.epochs}",
-               unit="batch")
+               desc=f"epoch {epoch + 1}/{epochs}", unit="batch")
     try:
         for x, y in bar:
             if stop_after_steps is not None and steps_done + ran >= stop_after_steps:
@@ -372,7 +376,8 @@ def _end_epoch(trainer, test_batches, state, out, started):
     elapsed = state["elapsed"] + eval_seconds
     run = state["running"]
     if planning:
-        state["plan"] = _plan_epochs(trainer, run["time"], eval_seconds, time.perf_counter() - started)
+        spent = time.perf_counter() - started
+        state["plan"] = _plan_epochs(trainer, run["time"], eval_seconds, spent)
     seen = max(run["seen"], 1)
     row = {
         "epoch": epoch + 1,
@@ -462,10 +467,12 @@ def _finish(trainer, test_batches, state, config, out, evaluation=None):
     _, test_acc, predictions, labels = evaluation or evaluate(trainer.evaluator(), test_batches)
     classes = dataset_info(config.dataset).classes
     counts = confusion_matrix(predictions, labels, len(classes))
-    per_class = {name: float(counts[i, i] / max(counts[i].sum(), 1)) for i, name in enumerate(classes)}
+    per_class = {name: float(counts[i, i] / max(counts[i].sum(), 1))
+                 for i, name in enumerate(classes)}
     _write_metrics(out, state["history"], {"per_class_accuracy": per_class,
                                            "confusion_matrix": counts.tolist()})
-    plot.heatmap(counts, out / "confusion.png", title=f"confusion matrix (test accuracy {test_acc:.2%})",
+    plot.heatmap(counts, out / "confusion.png",
+                 title=f"confusion matrix (test accuracy {test_acc:.2%})",
                  xlabel="predicted", ylabel="true", xticklabels=classes, yticklabels=classes)
     print("per-class test accuracy: " + ", ".join(f"{k} {v:.3f}" for k, v in per_class.items()))
     print(f"wrote {out / 'metrics.json'}, {out / 'curves.png'}, {out / 'confusion.png'}, "
@@ -515,7 +522,8 @@ def load_image(path, config):
     pixels = np.asarray(image, dtype=np.float32) / 255  # (H, W) or (H, W, C)
     pixels = pixels.reshape(height, width, channels).transpose(2, 0, 1)[None]  # (1, C, H, W)
     if channels == 1:
-        border = np.concatenate([pixels[0, 0, 0], pixels[0, 0, -1], pixels[0, 0, :, 0], pixels[0, 0, :, -1]])
+        edges = (pixels[0, 0, 0], pixels[0, 0, -1], pixels[0, 0, :, 0], pixels[0, 0, :, -1])
+        border = np.concatenate(edges)
         if border.mean() > 0.5:
             pixels = 1 - pixels
     return normalize(to_device(pixels), info.mean, info.std)
