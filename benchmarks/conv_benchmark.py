@@ -1,6 +1,6 @@
 """tinyvit's Conv2d against torch.nn.Conv2d on the CPU: forward and backward, float32.
 
-Command (the two variables are unset because these machines set them for old
+Command (the two variables are unset because some machines set them for old
 OpenBLAS builds, and with them NumPy's matmuls run slower kernels than a user's
 machine gets; see benchmarks/README.md):
 
@@ -38,7 +38,6 @@ reached 1.65x).
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -72,6 +71,8 @@ for _name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from benchmark import openblas_info, processor_model  # noqa: E402
+
 from tinyvit import allocator, backend  # noqa: E402
 from tinyvit.conv import Conv2d  # noqa: E402
 
@@ -81,25 +82,9 @@ except ImportError:
     torch = None
 
 
-def processor_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def openblas_kernel():
     """The OpenBLAS kernel NumPy runs (needs threadpoolctl), or None."""
-    try:
-        import threadpoolctl
-    except ImportError:
-        return None
-    found = [i for i in threadpoolctl.threadpool_info() if i.get("internal_api") == "openblas"]
-    return found[0].get("architecture") if found else None
+    return (openblas_info() or {}).get("architecture")
 
 
 def make_case(shape, batch):

@@ -127,3 +127,16 @@ def test_profile_charges_every_part_of_the_step():
             "AdamW.step", "augment.random_crop", "augment.horizontal_flip",
             "everything else"} <= set(parts)
     assert sum(parts.values()) == pytest.approx(step, abs=0.02 * len(parts))  # printed to 0.01 ms
+
+
+@pytest.mark.slow
+def test_conv_benchmark_runs(tmp_path):
+    out = tmp_path / "conv.json"
+    script = SCRIPT.parent / "conv_benchmark.py"
+    result = subprocess.run([sys.executable, str(script), "--batch", "2", "--rounds", "1",
+                             "--json", str(out)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    figures = json.loads(out.read_text())
+    assert len(figures["results"]) == 6 and figures["batch"] == 2
+    assert all(r["tinyvit"]["total_ms"] > 0 for r in figures["results"].values())
