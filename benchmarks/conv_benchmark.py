@@ -11,7 +11,8 @@ machine gets; see benchmarks/README.md):
     --batch 128   images per batch
     --json FILE   the same figures as JSON
 
-What is timed, per shape of a convolutional stem, with the same float32 input,
+What is timed, per convolution of the hybrid presets' stems (``PRESETS`` in
+tinyvit/model.py), with the same float32 input,
 weights and upstream gradient in both frameworks (checked to agree first):
 forward, then backward (the input's gradient, the weight's and the bias's).
 Each round times tinyvit once and torch once, their order alternating round by
@@ -22,16 +23,16 @@ each turn, as ``zero_grad(set_to_none=True)`` does in training).
 
 Runs without PyTorch too: tinyvit's columns only.
 
-Where the time goes (one core of an AMD EPYC, OpenBLAS SkylakeX kernels, batch
-128). At 16x16x128 -> 128, 3x3, the three matmuls (forward, dW, dcols: 29 GFLOP)
-take about 360 ms at the 75-85 GFLOP/s OpenBLAS reaches on these (128 x 1152) by
-(1152 x 32768) shapes, while torch's whole forward and backward (oneDNN's direct
-convolution, not im2col) took 260-285 ms; the im2col copy (~25 ms) and col2im
-(~45 ms, rows of only 16 pixels) come on top, so that shape ran 1.75x torch's
-time. The other stem shapes ran 0.6-1.45x. The matmul orientation was measured
-too: with channels-last columns (B*Ho*Wo, kh*kw*C) OpenBLAS ran the same
+Where the time goes (one core of an AMD EPYC (Zen 4), OpenBLAS SkylakeX kernels,
+batch 128), at a shape the presets do not use, 16x16x128 -> 128, 3x3, stride 1: the
+three matmuls (forward, dW, dcols: 29 GFLOP) take about 360 ms at the 75-85
+GFLOP/s OpenBLAS reaches on these (128 x 1152) by (1152 x 32768) shapes, while
+torch's whole forward and backward (oneDNN's direct convolution, not im2col) took
+260-285 ms; the im2col copy (~25 ms) and col2im (~45 ms, rows of only 16 pixels)
+come on top, so that shape ran 1.75x torch's time. The matmul orientation was
+measured too: with channels-last columns (B*Ho*Wo, kh*kw*C) OpenBLAS ran the same
 products at 85-92 GFLOP/s, but the transposes between (B, C, H, W) and
-(B, H, W, C) cost more than that saved on every shape but that one (which then
+(B, H, W, C) cost more than that saved on every other shape (and that one then
 reached 1.65x).
 """
 
@@ -42,15 +43,6 @@ import statistics
 import sys
 import time
 
-# (batch, in channels, height = width, out channels, kernel, stride, padding)
-SHAPES = [
-    (1, 28, 32, 3, 1, 1),
-    (32, 28, 64, 3, 2, 1),
-    (3, 32, 64, 3, 1, 1),
-    (64, 32, 128, 3, 2, 1),
-    (128, 16, 128, 3, 1, 1),
-    (128, 16, 256, 1, 1, 0),
-]
 COMMAND = "env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/conv_benchmark.py"
 AGREE_TOL = 1e-4  # relative to each tensor's largest value
 
@@ -75,6 +67,25 @@ from benchmark import openblas_info, processor_model  # noqa: E402
 
 from tinyvit import allocator, backend  # noqa: E402
 from tinyvit.conv import Conv2d  # noqa: E402
+from tinyvit.hybrid import stem_output_size  # noqa: E402
+from tinyvit.model import PRESETS  # noqa: E402
+
+
+def stem_shapes():
+    """(in channels, height = width, out channels, kernel, stride, padding) of every
+    convolution in the hybrid presets' stems, each shape once, in order."""
+    shapes = []
+    for config in PRESETS.values():
+        channels, size = config.in_channels, config.image_size
+        for out, kernel, stride in config.stem:
+            shape = (channels, size, out, kernel, stride, kernel // 2)
+            if shape not in shapes:
+                shapes.append(shape)
+            channels, size = out, stem_output_size(size, [(out, kernel, stride)], False)
+    return shapes
+
+
+SHAPES = stem_shapes()
 
 try:
     import torch

@@ -144,15 +144,29 @@ def test_budget_plans_the_epochs_after_the_first(stripes, tmp_path, monkeypatch)
     assert [row["test_acc"] is not None for row in metrics["epochs"]] == [True] * 4
 
 
+def test_a_budgeted_run_that_slows_down_ends_earlier(stripes, tmp_path, monkeypatch):
+    """Planned as above (4 epochs), but from the second epoch on a step takes 4 s: the
+    second epoch ends at 25 + 40 = 65 s, and another epoch of 40 s and the final test
+    (5 s) would end at 110 s; one more would not fit. So 3 epochs in all."""
+    clock = FakeClock(monkeypatch)
+    clock.step_seconds, clock.eval_seconds = 2.0, 5.0
+    clock.slower_after = 10, 4.0  # after the first 10 steps, 4 s per step
+    history = fit(tiny_config(stripes, tmp_path / "run", epochs=50, budget=2.0))
+    assert len(history) == 3 and history[-1]["test_acc"] is not None
+    _, _, meta = load_checkpoint(tmp_path / "run" / "last.npz")
+    assert meta["plan"]["epochs"] == 3 and meta["config"]["epochs"] == 3
+    assert clock.now <= 120
+
+
 def test_a_resumed_budgeted_run_keeps_its_plan(stripes, tmp_path, monkeypatch):
     clock = FakeClock(monkeypatch)
     clock.step_seconds, clock.eval_seconds = 2.0, 5.0
     config = tiny_config(stripes, tmp_path / "run", epochs=50, budget=2.0)
     with pytest.raises(KeyboardInterrupt):
         fit(config, stop_after_steps=15)  # in the second epoch, after the plan
-    clock.step_seconds = 100.0  # a slower machine now: the plan stays
+    clock.now += 1000.0  # time between the two processes does not count
     history = fit(None, resume=tmp_path / "run" / "last.npz")
-    assert len(history) == 4
+    assert len(history) == 4  # the plan of the first process, not a new one
 
 
 class FakeClock:
@@ -163,11 +177,14 @@ class FakeClock:
         import tinyvit.train as train
 
         self.now, self.step_seconds, self.eval_seconds = 0.0, 0.0, 0.0
+        self.steps, self.slower_after = 0, None  # (steps, seconds per step after them)
         monkeypatch.setattr(train.time, "perf_counter", lambda: self.now)
         step, evaluate = train.Trainer.step, train.evaluate
 
         def timed_step(trainer, *args):
-            self.now += self.step_seconds
+            self.steps += 1
+            slower = self.slower_after and self.steps > self.slower_after[0]
+            self.now += self.slower_after[1] if slower else self.step_seconds
             return step(trainer, *args)
 
         def timed_evaluate(*args, **kwargs):

@@ -283,7 +283,7 @@ def fit(config, resume=None, stop_after_steps=None):
     train_batches, test_batches = make_batches(config, "train"), make_batches(config, "test")
     state = {"epoch": 0, "step": 0, "global_step": 0, "lr": config.lr, "elapsed": 0.0,
              "running": _new_running(), "history": [], "best_acc": -1.0, "init": None,
-             "plan": None}
+             "plan": None, "wall": 0.0}
     if resume is None:
         model, state["init"] = build_model(config)
     else:
@@ -296,6 +296,7 @@ def fit(config, resume=None, stop_after_steps=None):
         trainer.model.load_state_dict(model_state)
         trainer.optimizer.load_state_dict(optim_state)
         state.update({k: meta[k] for k in state if k in meta})
+        started -= state["wall"]  # the run's wall clock goes on from where it was saved
         print(f"resumed from {resume} at epoch {state['epoch'] + 1}, step {state['step']}")
     _print_start(config, trainer.model, train_batches, state["init"])
     steps_done, evaluation = 0, None
@@ -307,6 +308,7 @@ def fit(config, resume=None, stop_after_steps=None):
                 evaluation = _end_epoch(trainer, test_batches, state, out, started)
             _finish(trainer, test_batches, state, trainer.config, out, evaluation)
         except KeyboardInterrupt:  # in training or in evaluation: state says where the run is
+            state["wall"] = time.perf_counter() - started
             path = _save(out / "last.npz", trainer, state)
             print(f"\ninterrupted: saved {path} "
                   f"(epoch {state['epoch'] + 1}, step {state['step']}); "
@@ -366,6 +368,8 @@ def _end_epoch(trainer, test_batches, state, out, started):
     before the epoch's end (resuming evaluates again) or after it. Returns
     ``evaluate``'s result, or None."""
     start = time.perf_counter()
+    if trainer.config.budget and state["plan"] is not None:
+        _keep_to_budget(trainer, state, start - started)
     config, epoch = trainer.config, state["epoch"]
     planning = config.budget > 0 and state["plan"] is None
     evaluation = test_loss = test_acc = None
@@ -393,7 +397,8 @@ def _end_epoch(trainer, test_batches, state, out, started):
     if best:
         _save(out / "best.npz", trainer, state)
     state.update(history=state["history"] + [row], epoch=epoch + 1, step=0, elapsed=elapsed,
-                 running=_new_running(), best_acc=test_acc if best else state["best_acc"])
+                 running=_new_running(), best_acc=test_acc if best else state["best_acc"],
+                 wall=time.perf_counter() - started)
     test = "not evaluated" if test_acc is None else f"loss {test_loss:.4f} acc {test_acc:.4f}"
     print(f"epoch {epoch + 1}: train loss {row['train_loss']:.4f} acc {row['train_acc']:.4f} | "
           f"test {test} | {row['images_per_s']:.0f} img/s | {elapsed:.0f} s")
@@ -423,6 +428,24 @@ def _plan_epochs(trainer, train_seconds, eval_seconds, spent):
           f"and a test evaluation {eval_seconds:.0f} s: {epochs} epochs in all")
     return {"budget_minutes": c.budget, "epochs": epochs, "first_epoch_s": train_seconds,
             "eval_s": eval_seconds, "spent_s": spent}
+
+
+def _keep_to_budget(trainer, state, spent):
+    """After each later epoch's training: when the epochs since the plan ran slower
+    than it assumed (another process took a core, say) and the rest would end past
+    the budget, end the run earlier,
+        epochs = done + floor((budget - spent - eval) / per_epoch),
+    per_epoch the wall-clock time an epoch took since the plan, never more epochs
+    than planned. The cosine schedule then ends with the shorter run."""
+    plan, c, done = state["plan"], trainer.config, state["epoch"] + 1
+    per_epoch = (spent - plan["spent_s"]) / (done - 1)
+    left = 60 * c.budget - spent - plan["eval_s"]
+    epochs = max(done, min(c.epochs, done + int(left // per_epoch)))
+    if epochs < c.epochs:
+        print(f"budget {c.budget:g} min: epochs take {per_epoch:.0f} s, {spent:.0f} s so far: "
+              f"{epochs} epochs in all instead of {c.epochs}")
+        trainer.config = dataclasses.replace(c, epochs=epochs)
+        plan["epochs"] = epochs
 
 
 def _new_running():
