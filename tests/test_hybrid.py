@@ -148,3 +148,20 @@ def test_pictures_of_a_hybrid(tmp_path):
     assert components.shape == (5, 1, 3, 3)  # the stem's first 3x3 filters
     distance = inspect.mean_attention_distance(model, x)
     assert distance.shape == (2, 2) and (distance <= 28 * 2**0.5).all()
+
+
+def test_a_hybrid_file_loads_back_and_is_not_exported_to_timm(tmp_path):
+    pytest.importorskip("safetensors")
+    from tinyvit.pretrained import load_pretrained, save_pretrained
+
+    model = jitter(ViT(**TINY), scale=0.1)
+    model.forward(randn(4, 2, 12, 12).astype(np.float32))  # running averages off their start
+    model.save(tmp_path / "hybrid.npz")
+    loaded = load_pretrained(tmp_path / "hybrid.npz", num_classes=5)  # a new head
+    state, source = loaded.state_dict(), model.state_dict()
+    assert state["head.weight"].shape == (5, 8)
+    for key in source:
+        if not key.startswith("head."):
+            np.testing.assert_array_equal(state[key], source[key], err_msg=key)
+    with pytest.raises(ValueError, match="a hybrid's convolutional stem has no counterpart"):
+        save_pretrained(model, tmp_path / "model.safetensors")

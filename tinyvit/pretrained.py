@@ -679,11 +679,12 @@ def _read_npz(path):
         fields = json.loads(arrays.pop("__config__"))
         return _from_tinyvit(path, "tinyvit", fields, arrays)
     if "meta" in arrays:
-        from .train import TrainConfig
+        from .train import TrainConfig, saved_model_config
 
         meta = json.loads(arrays.pop("meta"))
         try:
-            fields = dataclasses.asdict(TrainConfig(**meta["config"]).model_config())
+            config = saved_model_config(meta, TrainConfig(**meta["config"]))
+            fields = dataclasses.asdict(config)
         except (KeyError, TypeError, ValueError) as e:
             raise PretrainedError(f"{path}: the training config in the checkpoint is not "
                                   f"valid here ({e})") from e
@@ -702,8 +703,12 @@ def _read_npz(path):
 
 
 def _from_tinyvit(path, kind, fields, arrays):
+    """tinyvit's own names, checked against those of a model of the file's config
+    (a hybrid's stem and BatchNorm's running averages included)."""
     tensors = {k: widen(v) for k, v in arrays.items()}
-    state = apply_rules(path, kind, fields, tensors, timm_rules(fields))
+    expected = ViT(ViTConfig(**fields)).state_dict()
+    rules = [Rule(key, (key,), (value.shape,)) for key, value in expected.items()]
+    state = apply_rules(path, kind, fields, tensors, rules)
     return Pretrained(path, kind, fields, state, [f"{path}: {FORMATS[kind]}"])
 
 
@@ -861,6 +866,9 @@ def save_pretrained(model, path, dtype=None):
     path = Path(path)
     if path.suffix != ".safetensors":
         raise ValueError(f"save_pretrained: expected a path ending in .safetensors, got {path}")
+    if model.config.stem:
+        raise ValueError("save_pretrained: timm's layout holds the plain ViT; a hybrid's "
+                         "convolutional stem has no counterpart there: save it with model.save")
     save = _safetensors().numpy.save
     state = {k: v.astype(dtype or v.dtype) for k, v in model.state_dict().items()}
     data = save(state, metadata={"format": "pt"})  # "pt": what transformers and timm expect
