@@ -13,7 +13,7 @@ import pytest
 
 from conftest import jitter, randn
 from tinyvit import backend as B
-from tinyvit import fast, layers
+from tinyvit import conv, fast, layers
 from tinyvit.fast import cpu
 
 TOLERANCE = {np.float64: 1e-12, np.float32: 1e-5}
@@ -27,6 +27,9 @@ CASES = {
                        [(2, 5, 6), (1, 17, 6), (3, 1, 6)]),
     layers.ClassAttention: (lambda: layers.ClassAttention(6, 2, rng=B.host_rng(0)),
                             [(2, 5, 6), (1, 17, 6), (3, 1, 6)]),
+    # 3 input channels, 3x3 stride 2, padding 1, odd sizes
+    conv.Conv2d: (lambda: conv.Conv2d(3, 4, 3, 2, 1, rng=B.host_rng(0)),
+                  [(2, 3, 9, 9), (5, 3, 8, 7), (1, 3, 3, 3)]),
 }
 
 
@@ -126,3 +129,20 @@ def test_one_max_softmax_equals_the_row_max_softmax(spread):
     expected = np.exp(scores - scores.max(-1, keepdims=True))
     expected /= expected.sum(-1, keepdims=True)
     np.testing.assert_allclose(cpu.softmax_(scores.copy()), expected, rtol=1e-13, atol=0)
+
+
+@pytest.mark.parametrize("standardize", [False, True])
+def test_conv_in_blocks_of_one_image_equals_the_reference(standardize):
+    """Blocks of columns small enough for one image each: every image is formed,
+    multiplied and back-propagated once (float64, 1e-12)."""
+    with fast.tier("reference"):
+        reference = jitter(conv.Conv2d(3, 4, 3, 2, 1, rng=B.host_rng(0),
+                                       weight_standardization=standardize, dtype=np.float64))
+    kernel = jitter(cpu.Conv2d(3, 4, 3, 2, 1, rng=B.host_rng(0),
+                               weight_standardization=standardize, dtype=np.float64))
+    kernel.block_bytes = 1
+    x = np.random.default_rng(0).standard_normal((4, 3, 9, 8))
+    assert len(kernel.image_blocks(np.empty((3, 4, 3, 3, 5, 4)))) == 4
+    dout = np.random.default_rng(1).standard_normal((4, 4, 5, 4))
+    for ours, theirs in zip(run(kernel, x, dout), run(reference, x, dout), strict=True):
+        assert rel_err(ours, theirs) <= 1e-12

@@ -16,13 +16,15 @@ attention, the two methods that hold the softmax). What makes each faster:
 - ``LayerNorm``: normalized in place; the backward overwrites its cache.
 - ``Attention``: q scaled instead of the scores, a contiguous copy of k^T for the
   batched matmul, softmax shifted by one global max instead of a max per row.
+- ``Conv2d``: the im2col columns formed a block of images at a time, each block
+  multiplied while it is still in the cache.
 
 ``tests/test_fast.py`` checks every class here against its reference.
 """
 
 import math
 
-from .. import layers
+from .. import conv, layers
 from ..backend import xp
 from ..checks import check_float
 from ..functional import normal_cdf, normal_pdf
@@ -287,10 +289,85 @@ class ClassAttention(FastAttend, layers.ClassAttention):
     pass
 
 
+# ---------------------------------------------------------------------------
+# Conv2d
+# ---------------------------------------------------------------------------
+
+
+class Conv2d(conv.Conv2d):
+    """The reference Conv2d with its columns formed one block of images at a time.
+
+    The reference forms all the columns, (K, B*Ho*Wo) with K = C*kh*kw, then
+    multiplies: at a stem's sizes they are tens of MB, so the product reads them
+    back from memory. Here each block of images holds about ``block_bytes`` of
+    columns, formed and multiplied while it is still in the cache. The cache keeps
+    the padded input, not the columns (kh*kw / stride^2 times smaller), and the
+    backward forms each block's columns again.
+    """
+
+    block_bytes = 1 << 20
+
+    def image_blocks(self, windows):
+        """Slices of the batch axis of windows (C, B, kh, kw, Ho, Wo), each block's
+        columns about ``block_bytes``."""
+        C, B, kh, kw, Ho, Wo = windows.shape
+        per_image = C * kh * kw * Ho * Wo * windows.itemsize
+        step = max(1, self.block_bytes // per_image)
+        return [slice(start, start + step) for start in range(0, B, step)]
+
+    def forward(self, x):
+        conv.check_image_batch(x, self.in_channels, "Conv2d")
+        conv.check_fits(x, self.kernel_size, self.padding, "Conv2d")
+        B, F = x.shape[0], self.out_channels
+        xpad = conv.pad_spatial(x.transpose(1, 0, 2, 3), self.padding)  # (C, B, Hp, Wp)
+        # (C, B, kh, kw, Ho, Wo), a view
+        windows = conv.sliding_windows(xpad, self.kernel_size, self.stride)
+        Ho, Wo = windows.shape[-2:]
+        w2, rstd = self.weight.data.reshape(F, -1), None  # (F, K)
+        if self.weight_standardization:
+            w2, rstd = conv.standardize(w2, self.ws_eps)
+        y = xp.empty((B, F, Ho, Wo), dtype=x.dtype)
+        for images in self.image_blocks(windows):
+            out = w2 @ _columns(windows[:, images])  # (F, b*Ho*Wo)
+            if self.bias is not None:
+                out += self.bias.data[:, None]
+            y[images] = out.reshape(F, -1, Ho, Wo).transpose(1, 0, 2, 3)
+        self.cache = (xpad, w2, rstd) if self.training else None
+        return y
+
+    def backward(self, dout):
+        xpad, w2, rstd = self._take_cache()
+        windows = conv.sliding_windows(xpad, self.kernel_size, self.stride)
+        C, _, kh, kw, Ho, Wo = windows.shape
+        dw2, dxpad = xp.zeros_like(w2), xp.zeros_like(xpad)
+        for images in self.image_blocks(windows):
+            cols = _columns(windows[:, images])  # (K, b*Ho*Wo), formed again
+            dy = xp.ascontiguousarray(dout[images].transpose(1, 0, 2, 3))
+            dy = dy.reshape(self.out_channels, -1)  # (F, b*Ho*Wo)
+            if self.bias is not None:
+                self.bias.grad += dy.sum(axis=1)
+            dw2 += dy @ cols.T
+            dcols = w2.T @ dy  # (K, b*Ho*Wo)
+            dwindows = dcols.reshape(C, kh, kw, -1, Ho, Wo).transpose(0, 3, 1, 2, 4, 5)
+            dxpad[:, images] = conv.col2im(dwindows, dxpad[:, images].shape, self.stride)
+        if rstd is not None:
+            dw2 = conv.normalize_backward(dw2, w2, rstd, axes=1)
+        self.weight.grad += dw2.reshape(self.weight.shape)
+        dx = conv.unpad_spatial(dxpad, self.padding).transpose(1, 0, 2, 3)  # (B, C, H, W)
+        return xp.ascontiguousarray(dx)
+
+
+def _columns(windows):
+    """im2col: windows (C, b, kh, kw, Ho, Wo) -> columns (C*kh*kw, b*Ho*Wo), a copy."""
+    C, b, kh, kw, Ho, Wo = windows.shape
+    return windows.transpose(0, 2, 3, 1, 4, 5).reshape(C * kh * kw, b * Ho * Wo)
+
+
 KERNELS = {
     layers.Linear: Linear,
     layers.LayerNorm: LayerNorm,
     layers.GELU: GELU,
     layers.Attention: Attention,
     layers.ClassAttention: ClassAttention,
+    conv.Conv2d: Conv2d,
 }
