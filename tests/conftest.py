@@ -22,6 +22,7 @@ import pytest
 
 from tinyvit import backend as B
 from tinyvit import data, fast
+from tinyvit.gradcheck import jitter  # noqa: F401  (the tests import it from here)
 from tinyvit.train import TrainConfig
 
 _HAS_GPU = B.cupy_available()
@@ -64,14 +65,6 @@ def tier(request):
 def randn(*shape, seed=0):
     """Standard normal float64 values on the active backend (the same on every backend)."""
     return B.to_device(B.host_rng(seed).standard_normal(shape))
-
-
-def jitter(module, scale=0.2, seed=1):
-    """Move every parameter off its neat initial value (unit gammas, zero biases),
-    which could hide a backward that mixes them up. Returns the module."""
-    for i, p in enumerate(module.parameters()):
-        p.data[...] += B.to_device(B.host_rng((seed, i)).standard_normal(p.shape)) * scale
-    return module
 
 
 # --------------------------------------------------------------------------- dataset files

@@ -24,8 +24,8 @@ the index of that worst entry.
 import dataclasses
 import itertools
 
-from .backend import rng as device_rng
-from .backend import xp
+from ..backend import host_rng, to_device, xp
+from ..backend import rng as device_rng
 
 
 @dataclasses.dataclass
@@ -110,6 +110,14 @@ def gradient_check(module, x, *args, h=1e-5, seed=0, before_forward=None, wrt_in
     tensors += [(name, p.data, p.grad.copy()) for name, p in module.named_parameters()]
     checks = [_check_tensor(name, value, analytic, loss, h) for name, value, analytic in tensors]
     return GradCheckReport(checks, h)
+
+
+def jitter(module, scale=0.2, seed=1):
+    """Move every parameter off its neat initial value (unit gammas, zero biases),
+    which could hide a backward that mixes them up. Returns the module."""
+    for i, p in enumerate(module.parameters()):
+        p.data[...] += to_device(host_rng((seed, i)).standard_normal(p.shape)) * scale
+    return module
 
 
 def numeric_gradient(loss, value, h=1e-5):
