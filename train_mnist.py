@@ -52,8 +52,8 @@ RECIPES = {
     # hybrids (a convolutional stem, tinyvit/hybrid.py), each in a wall-clock budget: the
     # epochs are planned after the first so that the run ends within it on any processor
     "mnist-hybrid": dict(dataset="mnist", model="mnist_hybrid", budget=10, max_shift=2),
-    "fashion-mnist-hybrid": dict(dataset="fashion-mnist", model="mnist_hybrid", budget=30,
-                                 model_overrides={"pool": "mean"}, max_shift=2, flip=True),
+    "fashion-mnist-hybrid": dict(dataset="fashion-mnist", model="fashion_mnist_hybrid", budget=30,
+                                 max_shift=2, flip=True),
     "cifar10-hybrid": dict(dataset="cifar10", model="cifar10_hybrid", budget=120, eval_every=5,
                            lr=2e-3, warmup_epochs=2, max_shift=4, flip=True),
     # one GPU with CuPy (and CUPY_TF32=1): not yet measured

@@ -138,5 +138,5 @@ def test_conv_benchmark_runs(tmp_path):
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     figures = json.loads(out.read_text())
-    assert len(figures["results"]) == 8 and figures["batch"] == 2
+    assert len(figures["results"]) == 10 and figures["batch"] == 2  # the presets' stem shapes
     assert all(r["tinyvit"]["total_ms"] > 0 for r in figures["results"].values())
