@@ -56,7 +56,7 @@ RECIPES = {
                                  max_shift=2, flip=True),
     "cifar10-hybrid": dict(dataset="cifar10", model="cifar10_hybrid", budget=120, eval_every=5,
                            lr=2e-3, warmup_epochs=2, max_shift=4, flip=True),
-    # one GPU with CuPy (and CUPY_TF32=1): not yet measured
+    # one GPU with CuPy (and CUPY_TF32=1): no run recorded
     "cifar10-hybrid-gpu": dict(dataset="cifar10", model="cifar10_hybrid_gpu", backend="cupy",
                                budget=15, batch_size=256, eval_every=10, lr=1e-3, warmup_epochs=5,
                                max_shift=4, flip=True, erasing=0.25, mixup=0.8, cutmix=1.0),
@@ -205,7 +205,7 @@ def main(argv=None):
     try:
         run(args, mode, config)
     except (DatasetError, CheckpointError, FileNotFoundError, BackendError) as error:
-        # not a bug: a file it was given, or a backend this machine lacks
+        # not a bug: a file it was given, or a backend not installed here
         print(f"train_mnist.py: error: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:  # a training run has saved last.npz by now

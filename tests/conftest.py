@@ -7,8 +7,8 @@ and the fast kernels of the active backend); ``stripes`` writes a small
 synthetic dataset in MNIST's official file layout.
 
 Helpers, imported by the test files with ``from conftest import ...``: random
-arrays, parameter jitter, IDX files, the synthetic stripes and a tiny training
-config.
+arrays and parameter jitter (from ``tinyvit.gradcheck``), IDX files, the synthetic
+stripes and a tiny training config.
 """
 
 import dataclasses
@@ -22,7 +22,7 @@ import pytest
 
 from tinyvit import backend as B
 from tinyvit import data, fast
-from tinyvit.gradcheck import jitter  # noqa: F401  (the tests import it from here)
+from tinyvit.gradcheck import jitter, randn  # noqa: F401  (the tests import them from here)
 from tinyvit.train import TrainConfig
 
 _HAS_GPU = B.cupy_available()
@@ -57,14 +57,6 @@ def tier(request):
     """Build the test's layers from one tier, then restore the previous one."""
     with fast.tier(request.param):
         yield request.param
-
-
-# --------------------------------------------------------------------------- arrays
-
-
-def randn(*shape, seed=0):
-    """Standard normal float64 values on the active backend (the same on every backend)."""
-    return B.to_device(B.host_rng(seed).standard_normal(shape))
 
 
 # --------------------------------------------------------------------------- dataset files

@@ -6,6 +6,7 @@ import sys
 from tinyvit import backend as B
 from tinyvit import layers
 from tinyvit.gradcheck import __main__ as command
+from tinyvit.gradcheck import randn
 
 
 class BrokenLinear(layers.Linear):
@@ -23,10 +24,10 @@ def run(monkeypatch, capsys, cases):
 
 def test_prints_every_tensor_of_each_tier(monkeypatch, capsys):
     def linear():
-        return layers.Linear(4, 3, rng=B.host_rng(0)), (command.randn(2, 4),), None
+        return layers.Linear(4, 3, rng=B.host_rng(0)), (randn(2, 4),), None
 
     status, out = run(monkeypatch, capsys, [("Linear", linear), ("Tanh", lambda: (
-        layers.Tanh(), (command.randn(2, 4),), None))])
+        layers.Tanh(), (randn(2, 4),), None))])
     assert status == 0
     rows = [line.split()[:3] for line in out[2:-1]]
     assert rows == [[tier, "Linear", tensor] for tier in ("reference", "fast")
@@ -38,7 +39,7 @@ def test_prints_every_tensor_of_each_tier(monkeypatch, capsys):
 
 def test_a_wrong_backward_fails(monkeypatch, capsys):
     def broken():
-        return BrokenLinear(4, 3, rng=B.host_rng(0)), (command.randn(2, 4),), None
+        return BrokenLinear(4, 3, rng=B.host_rng(0)), (randn(2, 4),), None
 
     status, out = run(monkeypatch, capsys, [("broken", broken)])
     assert status == 1

@@ -112,6 +112,11 @@ def gradient_check(module, x, *args, h=1e-5, seed=0, before_forward=None, wrt_in
     return GradCheckReport(checks, h)
 
 
+def randn(*shape, seed=0):
+    """Standard normal float64 values on the active backend (the same on every backend)."""
+    return to_device(host_rng(seed).standard_normal(shape))
+
+
 def jitter(module, scale=0.2, seed=1):
     """Move every parameter off its neat initial value (unit gammas, zero biases),
     which could hide a backward that mixes them up. Returns the module."""

@@ -14,16 +14,12 @@ from ..fast import tier
 from ..hybrid import ConvStem
 from ..loss import SoftmaxCrossEntropy
 from ..model import ViT
-from . import gradient_check, jitter
+from . import gradient_check, jitter, randn
 
 TOL = 1e-7
 TINY_VIT = dict(image_size=8, patch_size=4, in_channels=2, num_classes=3, embed_dim=8,
                 depth=2, num_heads=2)
 TINY_HYBRID = dict(TINY_VIT, image_size=12, patch_size=1, stem=((4, 3, 2), (4, 3, 1)))
-
-
-def randn(*shape, seed=0):
-    return backend.to_device(backend.host_rng(seed).standard_normal(shape))
 
 
 def seeded_dropout(module, seed=5):
