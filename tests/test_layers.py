@@ -16,7 +16,7 @@ import pytest
 from conftest import jitter, randn
 from tinyvit import backend as B
 from tinyvit.functional import erf, log_softmax, normal_cdf, normal_pdf, softmax
-from tinyvit.gradcheck import gradient_check
+from tinyvit.gradcheck import gradient_check, seeded_dropout
 from tinyvit.layers import (
     GELU,
     MLP,
@@ -274,12 +274,7 @@ def test_dropout_without_generator_says_so(backend):
 
 def test_dropout_gradients_under_fixed_seed(backend):
     layer = Dropout(0.3)
-    layer.rng = B.rng(5)
-
-    def reseed():
-        layer.rng = B.rng(5)
-
-    gradient_check(layer, randn(2, 5, 8), before_forward=reseed).assert_ok(TOL)
+    gradient_check(layer, randn(2, 5, 8), before_forward=seeded_dropout(layer)).assert_ok(TOL)
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -317,13 +312,7 @@ def test_class_attention_block_gives_the_class_token_row(backend, tier):
 
 def test_block_gradients_with_dropout(backend, tier):
     layer = jitter(Block(8, 2, 2.0, dropout=0.2, attn_dropout=0.1, rng=B.host_rng(0)))
-
-    def reseed():
-        generator = B.rng(7)
-        for _, module in layer.named_modules():
-            if isinstance(module, Dropout):
-                module.rng = generator
-
+    reseed = seeded_dropout(layer, seed=7)
     gradient_check(layer, randn(2, 5, 8), before_forward=reseed).assert_ok(TOL)
 
 

@@ -26,6 +26,7 @@ import itertools
 
 from ..backend import host_rng, to_device, xp
 from ..backend import rng as device_rng
+from ..layers import Dropout
 
 
 @dataclasses.dataclass
@@ -123,6 +124,18 @@ def jitter(module, scale=0.2, seed=1):
     for i, p in enumerate(module.parameters()):
         p.data[...] += to_device(host_rng((seed, i)).standard_normal(p.shape)) * scale
     return module
+
+
+def seeded_dropout(module, seed=5):
+    """A ``before_forward`` for ``gradient_check``: gives every Dropout in ``module``
+    one generator, restarted before each forward, so that every forward of the check
+    draws the same masks."""
+    def reseed():
+        generator = device_rng(seed)
+        for _, m in module.named_modules():
+            if isinstance(m, Dropout):
+                m.rng = generator
+    return reseed
 
 
 def numeric_gradient(loss, value, h=1e-5):

@@ -14,23 +14,12 @@ from ..fast import tier
 from ..hybrid import ConvStem
 from ..loss import SoftmaxCrossEntropy
 from ..model import ViT
-from . import gradient_check, jitter, randn
+from . import gradient_check, jitter, randn, seeded_dropout
 
 TOL = 1e-7
 TINY_VIT = dict(image_size=8, patch_size=4, in_channels=2, num_classes=3, embed_dim=8,
                 depth=2, num_heads=2)
 TINY_HYBRID = dict(TINY_VIT, image_size=12, patch_size=1, stem=((4, 3, 2), (4, 3, 1)))
-
-
-def seeded_dropout(module, seed=5):
-    """Give every Dropout in ``module`` one generator, restarted before each forward,
-    so that every forward of the check draws the same masks."""
-    def reseed():
-        generator = backend.rng(seed)
-        for _, m in module.named_modules():
-            if isinstance(m, layers.Dropout):
-                m.rng = generator
-    return reseed
 
 
 def cases():
