@@ -22,7 +22,15 @@ from tinyvit.backend import BackendError
 from tinyvit.checkpoint import CheckpointError
 from tinyvit.data import DatasetError
 from tinyvit.parallel import MAX_AUTO_WORKERS, auto_workers
-from tinyvit.train import TrainConfig, evaluate, fit, load_trained, make_batches, predict
+from tinyvit.train import (
+    TrainConfig,
+    TrainingDiverged,
+    evaluate,
+    fit,
+    load_trained,
+    make_batches,
+    predict,
+)
 
 # Tested recipes: what each sets on top of TrainConfig's defaults, which are the
 # MNIST recipe (preset "mnist": patch 7, dim 64, depth 4; 18 epochs, AdamW peak
@@ -204,8 +212,10 @@ def main(argv=None):
     keep_freed_memory()  # this process is ours: reuse freed arrays' pages (tinyvit/allocator.py)
     try:
         run(args, mode, config)
-    except (DatasetError, CheckpointError, FileNotFoundError, BackendError) as error:
-        # not a bug: a file it was given, or a backend not installed here
+    except (DatasetError, CheckpointError, FileNotFoundError, BackendError,
+            TrainingDiverged) as error:
+        # not a bug: a file it was given, a backend not installed here, or a learning
+        # rate too high for the run
         print(f"train_mnist.py: error: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:  # a training run has saved last.npz by now

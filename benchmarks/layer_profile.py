@@ -118,7 +118,7 @@ def train(trainer, batches, epochs):
     start, steps = time.perf_counter(), 0
     for epoch in epochs:
         for index, (x, y) in enumerate(batches.epoch(epoch)):
-            loss_value, _ = trainer.step(x, y, trainer.config.lr, (0, epoch, index))
+            loss_value = trainer.step(x, y, trainer.config.lr, (0, epoch, index))[0]
             steps += 1
     float(loss_value)  # waits for the last step
     return steps, time.perf_counter() - start

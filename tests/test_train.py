@@ -297,6 +297,43 @@ def test_ctrl_c_in_the_cli_saves_and_exits_130(stripes, tmp_path, monkeypatch):
     assert (meta["epoch"], meta["global_step"]) == (1, 10)
 
 
+def test_a_diverging_run_stops_and_keeps_its_checkpoints(stripes, tmp_path, monkeypatch, capsys):
+    """Weights made non-finite after step 3 of epoch 2: step 4's loss names the run's end,
+    in one line, though the loop reads losses back only every ``log_every`` steps."""
+    import tinyvit.train as train
+
+    original = train.Trainer.step
+    calls = {"n": 0}
+
+    def poisoned_step(self, *args):
+        result = original(self, *args)
+        calls["n"] += 1
+        if calls["n"] == 13:  # epoch 2, step 3 of 10
+            self.optimizer.data[:] = np.nan
+        return result
+
+    monkeypatch.setattr(train.Trainer, "step", poisoned_step)
+    out = tmp_path / "cli"
+    args = ["--data-dir", str(stripes), "--out", str(out), "--epochs", "3", "--embed-dim", "16",
+            "--depth", "1", "--num-heads", "2", "--batch-size", "32"]
+    capsys.readouterr()
+    assert train_mnist.main(args) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("train_mnist.py: error: training diverged at epoch 2, step 4 of 10 "
+                          "(learning rate ")
+    assert "loss nan" in err and "try a lower --lr" in err
+    # as epoch 1 ended (best.npz is saved just before the state moves past the epoch)
+    for name, position in (("last.npz", (1, 0)), ("best.npz", (0, 10))):
+        weights, _, meta = load_checkpoint(out / name)
+        assert (meta["epoch"], meta["step"]) == position, name
+        assert all(np.isfinite(w).all() for w in weights.values()), name
+    assert len(json.loads((out / "metrics.json").read_text())["epochs"]) == 1
+    monkeypatch.setattr(train.Trainer, "step", original)
+    assert train_mnist.main(["--resume", str(out)]) == 0
+    _, _, meta = load_checkpoint(out / "last.npz")
+    assert (meta["epoch"], meta["global_step"]) == (3, 30)
+
+
 def test_bad_config_values_are_named():
     with pytest.raises(ValueError, match="unknown model preset 'vit_huge'"):
         TrainConfig(model="vit_huge")

@@ -135,10 +135,15 @@ def warmup_cosine(step, total_steps, warmup_steps, peak_lr, min_lr=0.0):
     return min_lr + 0.5 * (peak_lr - min_lr) * (1.0 + math.cos(math.pi * progress))
 
 
+def grad_norm(grad):
+    """The global L2 norm of the flat gradient, as a 0-d array (no host transfer)."""
+    return xp.sqrt(xp.dot(grad, grad))
+
+
 def clip_grad_norm(grad, max_norm):
     """Scale the flat gradient in place so its global L2 norm is at most ``max_norm``,
     as torch.nn.utils.clip_grad_norm_ (factor max_norm / (norm + 1e-6), capped at 1).
     Returns the norm before clipping, as a 0-d array (no host transfer)."""
-    norm = xp.sqrt(xp.dot(grad, grad))
+    norm = grad_norm(grad)
     grad *= xp.minimum(1.0, max_norm / (norm + 1e-6)).astype(grad.dtype)
     return norm

@@ -14,6 +14,7 @@ on NumPy with the same seed, end with exactly the weights of an uninterrupted on
 
 import dataclasses
 import json
+import math
 import time
 from pathlib import Path
 
@@ -30,7 +31,7 @@ from .data import Batches, DatasetError, dataset_info, load_dataset, normalize
 from .functional import softmax
 from .loss import SoftmaxCrossEntropy, loss_and_gradients
 from .model import ViT, ViTConfig, preset_config
-from .optim import SGD, AdamW, clip_grad_norm, warmup_cosine
+from .optim import SGD, AdamW, clip_grad_norm, grad_norm, warmup_cosine
 from .parallel import DataParallel
 from .pretrained import read_pretrained
 
@@ -104,6 +105,13 @@ class TrainConfig:
         return self.model_fields()["image_size"]
 
 
+class TrainingDiverged(RuntimeError):
+    """A training loss or gradient norm that is not finite: the run stops there.
+
+    The weights are not finite either by then, so nothing more is saved: the
+    checkpoints written before it keep the last finite weights."""
+
+
 # -- one step and evaluation ------------------------------------------------------
 
 
@@ -173,8 +181,9 @@ class Trainer:
 
     def step(self, x, y, lr, seed):
         """Forward, loss, backward and update on one batch. Returns (loss, number of
-        correct predictions); in one process as device scalars, so nothing waits for
-        the host (the workers' loss is a host float already)."""
+        correct predictions, gradient norm before clipping); in one process as device
+        scalars, so nothing waits for the host (the workers' loss is a host float
+        already)."""
         x, target = self.mix(x, y, seed + (1,))
         if self.parallel is None:
             loss, logits = loss_and_gradients(self.model, self.criterion, x, target, seed)
@@ -182,12 +191,15 @@ class Trainer:
             self.criterion.check_target(target, len(x), self.num_classes)
             targets = self.criterion.targets(target, self.num_classes, x.dtype)
             loss, logits = self.parallel.gradients(x, targets, seed)
+        grad = self.optimizer.grad
         if self.trainable is not None:
-            self.optimizer.grad *= self.trainable
+            grad *= self.trainable
         if self.config.clip_grad:
-            clip_grad_norm(self.optimizer.grad, self.config.clip_grad)
+            norm = clip_grad_norm(grad, self.config.clip_grad)
+        else:
+            norm = grad_norm(grad)
         self.optimizer.step(lr)
-        return loss, (logits.argmax(axis=1) == y).sum()
+        return loss, (logits.argmax(axis=1) == y).sum(), norm
 
     def evaluator(self):
         """What ``evaluate`` runs: the model, or the workers when there are some."""
@@ -328,9 +340,19 @@ def _train_epoch(trainer, batches, state, stop_after_steps, steps_done):
     start_time = time.perf_counter()
 
     def flush():
-        run["loss_sum"] += sum(float(loss) * size for loss, _, size in pending)
-        run["correct"] += sum(int(c) for _, c, _ in pending)
-        run["seen"] += sum(size for _, _, size in pending)
+        """Read the pending steps' results and add them up; the first loss or gradient
+        norm that is not finite stops the run (read here, with the rest, so that a GPU
+        step never waits for the host)."""
+        for loss, correct, size, norm, step, lr in pending:
+            loss, norm = float(loss), float(norm)
+            if not (math.isfinite(loss) and math.isfinite(norm)):
+                raise TrainingDiverged(
+                    f"training diverged at epoch {epoch + 1}, step {step + 1} of {n} "
+                    f"(learning rate {lr:.3g}): loss {loss}, gradient norm {norm}; the "
+                    "checkpoints written before it are left as they were: try a lower --lr")
+            run["loss_sum"] += loss * size
+            run["correct"] += int(correct)
+            run["seen"] += size
         pending.clear()
 
     epochs = "?" if config.budget and not state["plan"] else config.epochs  # "?": not planned yet
@@ -341,8 +363,9 @@ def _train_epoch(trainer, batches, state, stop_after_steps, steps_done):
             if stop_after_steps is not None and steps_done + ran >= stop_after_steps:
                 raise KeyboardInterrupt
             state["lr"] = trainer.lr_at(state["global_step"], n)
-            loss, correct = trainer.step(x, y, state["lr"], (config.seed, epoch, state["step"]))
-            pending.append((loss, correct, len(y)))
+            loss, correct, norm = trainer.step(x, y, state["lr"],
+                                               (config.seed, epoch, state["step"]))
+            pending.append((loss, correct, len(y), norm, state["step"], state["lr"]))
             state["step"] += 1
             state["global_step"] += 1
             ran += 1
@@ -353,11 +376,11 @@ def _train_epoch(trainer, batches, state, stop_after_steps, steps_done):
                                 acc=f"{run['correct'] / run['seen']:.4f}",
                                 lr=f"{state['lr']:.2e}", img_s=f"{rate:.0f}")
     finally:
-        flush()
         bar.close()
         spent = time.perf_counter() - start_time
         run["time"] += spent
         state["elapsed"] += spent
+        flush()
     return ran
 
 
