@@ -2,6 +2,7 @@
 
 import sys
 
+import numpy as np
 import pytest
 
 from tinyvit import backend as B
@@ -17,3 +18,12 @@ def test_set_backend_says_what_is_missing_and_changes_nothing(monkeypatch):
     with pytest.raises(ValueError,
                        match=r"^backend must be one of \('numpy', 'cupy'\), got 'torch'$"):
         B.set_backend("torch")
+
+
+def test_float_dtype_takes_names_and_types_and_names_what_it_refuses():
+    assert B.float_dtype("float64") is np.float64 and B.float_dtype(np.float32) is np.float32
+    assert B.float_dtype(None) is B.get_default_dtype()
+    with B.default_dtype("float64"):
+        assert B.float_dtype(None) is np.float64
+    with pytest.raises(ValueError, match=r"^dtype must be float32 or float64, got int32$"):
+        B.float_dtype("int32")

@@ -5,7 +5,8 @@ jittered off their initial values, by the inverse of the loader's mapping writte
 out on its own (split qkv, transpose Flax kernels, ...); loading the file back must
 give exactly the original logits. Also: export round trips, bfloat16 and float16
 widening, each error message, the head options, the command line, and (where torch
-and transformers are installed) PyTorch and Hugging Face models themselves.
+and transformers are installed) PyTorch and Hugging Face models themselves: Hugging
+Face's logits and every parameter's gradient, in float32 and float64.
 """
 
 import dataclasses
@@ -523,29 +524,77 @@ def test_convert_bad_input_is_one_line_without_traceback(tmp_path):
 # -- against transformers (optional: CI does not install it) --------------------------------------
 
 
+HF_TOLERANCE = {"float32": 1e-5, "float64": 1e-10}
+
+
+def max_relative_error(got, want):
+    """max |got - want| / max |want|: the error relative to the max-norm of the reference."""
+    return np.abs(got - want).max() / np.abs(want).max()
+
+
+def save_hf_gradients(hf, folder):
+    """Save ``hf`` with each parameter replaced by its gradient (zero where it has none:
+    ViTModel's pooler), so that ``load_pretrained`` maps the gradients to tinyvit's names
+    and layouts (query, key, value stacked into qkv, ...) as it maps the weights. Through
+    the file, as HF's names in memory need not be those it saves (transformers 5 renames)."""
+    import torch
+
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.copy_(p.grad if p.grad is not None else torch.zeros_like(p))
+    hf.save_pretrained(folder)
+
+
 @needs_safetensors
-def test_logits_match_transformers(backend, tmp_path):
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("architecture", ["ViTForImageClassification", "ViTModel"])
+def test_logits_and_gradients_match_transformers(backend, tmp_path, architecture, dtype):
+    """Logits, then every parameter's gradient for a random upstream gradient against
+    autograd's, each within HF_TOLERANCE[dtype] relative to the max-norm of HF's tensor."""
     transformers = pytest.importorskip("transformers")
     torch = pytest.importorskip("torch")
     config = transformers.ViTConfig(image_size=12, patch_size=4, num_channels=3, hidden_size=12,
                                     num_hidden_layers=2, num_attention_heads=3,
                                     intermediate_size=24, num_labels=5)
+    assert config.hidden_dropout_prob == config.attention_probs_dropout_prob == 0
     torch.manual_seed(0)
-    images = B.host_rng(0).standard_normal((2, 3, 12, 12))
-    for architecture in ("ViTForImageClassification", "ViTModel"):
-        hf = getattr(transformers, architecture)(config).double().eval()
-        with torch.no_grad():
-            for p in hf.parameters():
-                p.add_(torch.randn_like(p) * 0.1)
-            out = hf(pixel_values=torch.from_numpy(images))
-        hf.save_pretrained(tmp_path / architecture)
-        if architecture == "ViTModel":  # compare the class token's final features: head = I
-            model = load_pretrained(tmp_path / architecture, num_classes=12, head="zero")
-            model.head.weight.data[...] = B.to_device(np.eye(12))
-            want = out.last_hidden_state[:, 0].numpy()
-        else:
-            model = load_pretrained(tmp_path / architecture)
-            want = out.logits.numpy()
-        assert model.config.norm_eps == 1e-12
-        got = B.to_host(model.eval().forward(B.to_device(images)))
-        np.testing.assert_allclose(got, want, rtol=0, atol=ATOL)
+    hf = getattr(transformers, architecture)(config).to(getattr(torch, dtype)).eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    hf.save_pretrained(tmp_path / "weights")
+    # ViTModel has no classifier: on both sides a head of the identity on the class token's
+    # final features, the same parameters for both
+    heads = {"num_classes": 12, "head": "zero"} if architecture == "ViTModel" else {"head": "load"}
+    model = load_pretrained(tmp_path / "weights", dtype=dtype, **heads)
+    assert model.config.norm_eps == 1e-12
+    # no dropout: training mode, whose cache backward needs, computes what HF's eval mode does
+    assert model.config.dropout == model.config.attn_dropout == 0
+
+    images = B.host_rng(0).standard_normal((2, 3, 12, 12)).astype(dtype)
+    out = hf(pixel_values=torch.from_numpy(images))
+    if architecture == "ViTModel":
+        weight = torch.eye(12, dtype=out.last_hidden_state.dtype, requires_grad=True)
+        bias = torch.zeros(12, dtype=weight.dtype, requires_grad=True)
+        want = out.last_hidden_state[:, 0] @ weight.T + bias
+        model.head.weight.data[...] = B.to_device(np.eye(12))
+    else:
+        want = out.logits
+    got = B.to_host(model.forward(B.to_device(images)))
+    assert got.dtype == dtype
+    assert max_relative_error(got, want.detach().numpy()) < HF_TOLERANCE[dtype]
+
+    dlogits = B.host_rng(1).standard_normal(got.shape).astype(dtype)
+    want.backward(torch.from_numpy(dlogits))
+    model.zero_grad()
+    model.backward(B.to_device(dlogits))
+    save_hf_gradients(hf, tmp_path / "gradients")
+    expected = load_pretrained(tmp_path / "gradients", dtype=dtype,
+                               **heads).state_dict()
+    if architecture == "ViTModel":
+        expected.update({"head.weight": weight.grad.numpy(), "head.bias": bias.grad.numpy()})
+    grads = model.grads()
+    # every parameter, each from HF's gradients: load_pretrained fails on a missing tensor
+    assert sorted(grads) == sorted(expected) == sorted(name for name, _ in model.named_parameters())
+    errors = {key: max_relative_error(grads[key], expected[key]) for key in grads}
+    assert max(errors.values()) < HF_TOLERANCE[dtype], errors

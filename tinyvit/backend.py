@@ -97,14 +97,22 @@ def using_backend(name):
 def set_default_dtype(dtype):
     """Float dtype new parameters and data get: float32 (training) or float64 (checks)."""
     global _default_dtype
-    dtype = numpy.dtype(dtype)
-    if dtype not in (numpy.float32, numpy.float64):
-        raise ValueError(f"default dtype must be float32 or float64, got {dtype}")
-    _default_dtype = dtype.type
+    _default_dtype = float_dtype(dtype)
 
 
 def get_default_dtype():
     return _default_dtype
+
+
+def float_dtype(dtype=None):
+    """The float type to build with: ``dtype`` (a name such as "float64", or a type)
+    checked to be float32 or float64, or the default dtype when it is None."""
+    if dtype is None:
+        return _default_dtype
+    checked = numpy.dtype(dtype)
+    if checked not in (numpy.float32, numpy.float64):
+        raise ValueError(f"dtype must be float32 or float64, got {checked}")
+    return checked.type
 
 
 @contextmanager

@@ -27,7 +27,7 @@ columns are runs of Wo contiguous values.
 import math
 import numbers
 
-from .backend import get_default_dtype, host_rng, to_device, xp
+from .backend import float_dtype, host_rng, to_device, xp
 from .checks import check_float
 from .module import Module, Parameter
 
@@ -176,7 +176,7 @@ class Conv2d(Module):
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, bias=True,
                  weight_standardization=False, rng=None, dtype=None, ws_eps=1e-6):
         super().__init__()
-        dtype = dtype or get_default_dtype()
+        dtype = float_dtype(dtype)
         rng = rng or host_rng(None)
         self.in_channels, self.out_channels = in_channels, out_channels
         self.kernel_size = pair(kernel_size, "Conv2d: kernel_size", 1)
@@ -267,7 +267,7 @@ class BatchNorm2d(Module):
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, dtype=None):
         super().__init__()
-        dtype = dtype or get_default_dtype()
+        dtype = float_dtype(dtype)
         self.num_features, self.eps, self.momentum = num_features, eps, momentum
         self.weight = Parameter(xp.ones(num_features, dtype=dtype))
         self.bias = Parameter(xp.zeros(num_features, dtype=dtype))
@@ -330,7 +330,7 @@ class GroupNorm(Module):
         if num_groups < 1 or num_channels % num_groups:
             raise ValueError(f"GroupNorm: num_channels {num_channels} is not divisible by "
                              f"num_groups {num_groups}")
-        dtype = dtype or get_default_dtype()
+        dtype = float_dtype(dtype)
         self.num_groups, self.num_channels, self.eps = num_groups, num_channels, eps
         self.weight = Parameter(xp.ones(num_channels, dtype=dtype))
         self.bias = Parameter(xp.zeros(num_channels, dtype=dtype))

@@ -13,7 +13,7 @@ H num_heads, Dh = D // H head dim, C channels, P patch_size, M rows of a Linear.
 
 import math
 
-from .backend import get_default_dtype, host_rng, to_device, xp
+from .backend import float_dtype, host_rng, to_device, xp
 from .checks import check_float
 from .functional import normal_cdf, normal_pdf, softmax
 from .module import Module, Parameter, Sequential, trunc_normal
@@ -32,7 +32,7 @@ class Linear(Module):
 
     def __init__(self, in_features, out_features, bias=True, rng=None, dtype=None):
         super().__init__()
-        dtype = dtype or get_default_dtype()
+        dtype = float_dtype(dtype)
         self.in_features, self.out_features = in_features, out_features
         weight = trunc_normal(rng or host_rng(None), (out_features, in_features), dtype=dtype)
         self.weight = Parameter(weight, decay=True)
@@ -157,7 +157,7 @@ class LayerNorm(Module):
 
     def __init__(self, dim, eps=1e-6, dtype=None):
         super().__init__()
-        dtype = dtype or get_default_dtype()
+        dtype = float_dtype(dtype)
         self.dim, self.eps = dim, eps
         self.weight = Parameter(xp.ones(dim, dtype=dtype))
         self.bias = Parameter(xp.zeros(dim, dtype=dtype))

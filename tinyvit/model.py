@@ -15,7 +15,7 @@ be compared key by key with PyTorch implementations (see ``state_dict``).
 import dataclasses
 import json
 
-from .backend import get_default_dtype, host_rng, to_device, to_host, xp
+from .backend import float_dtype, host_rng, to_device, to_host, xp
 from .backend import rng as device_rng
 from .checks import check_fields
 from .hybrid import STEM_NORMS, ConvStem, HybridEmbed, stem_output_size
@@ -160,7 +160,7 @@ class ViT(Module):
         super().__init__()
         config = config or ViTConfig(**fields)
         self.config = config
-        dtype = dtype or get_default_dtype()
+        dtype = float_dtype(dtype)
         init = host_rng(seed)
         D, N = config.embed_dim, config.num_patches + 1
         if config.stem:

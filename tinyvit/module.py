@@ -14,7 +14,7 @@ same parameters, faster code.
 """
 
 from . import fast
-from .backend import get_default_dtype, to_device, xp
+from .backend import float_dtype, get_default_dtype, to_device, xp
 
 
 class Parameter:
@@ -212,7 +212,7 @@ def trunc_normal(rng, shape, std=0.02, dtype=None):
     ``rng`` is a host generator (``backend.host_rng``): initial weights are drawn
     on the host, so a seed gives the same model on NumPy and on CuPy.
     """
-    dtype = dtype or get_default_dtype()
+    dtype = float_dtype(dtype)
     values = rng.standard_normal(shape, dtype=dtype)
     flat = values.reshape(-1)
     redraw = (abs(flat) > 2).nonzero()[0]
