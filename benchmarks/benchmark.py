@@ -1,4 +1,6 @@
-"""tinyvit against PyTorch eager: training-step and inference speed, FLOP rate, peak memory.
+"""tinyvit against PyTorch eager, its other tier and an older tinyvit: speed, FLOPs, memory.
+
+Training-step and inference speed, matmul FLOP rate and peak memory.
 
 Command (the two variables are unset because some machines set them for old
 OpenBLAS builds; with them NumPy runs AVX2 kernels at about half speed, and a
@@ -12,10 +14,28 @@ user's machine does not set them; see docs/performance.md):
                      (PyTorch's TF32 off; tinyvit's unless CUPY_TF32=1 is set)
     --workers 2      tinyvit's step and inference split over 2 worker processes, one BLAS
                      thread each (tinyvit.parallel, as train_mnist.py trains on a CPU)
+    --tiers fast,reference
+                     one tinyvit runner per tier of layers (tinyvit.fast): "tinyvit" (fast,
+                     the default) and "tinyvit-reference"
+    --baseline DIR   also "tinyvit@LABEL": tinyvit from the source tree DIR (say, a git
+                     worktree of an older commit), in one child process (--baseline-label
+                     LABEL, default DIR's name; --workers does not apply to it)
     --json FILE      the same figures as JSON
 
-What is measured, for each config, with the same float32 batch and weights
-(the torch model is ``tests/torch_reference.torch_vit_from(model, float32)``):
+    git worktree add /tmp/before af2d193
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/benchmark.py \\
+        --tiers fast,reference --baseline /tmp/before --json tiers.json
+
+The runners: each ``--tiers`` runner builds tinyvit's layers of its tier (a
+layer's tier is fixed when it is built; with ``--workers`` each worker builds
+its replica in the same tier); the ``--baseline`` runner (below) runs another
+source tree's tinyvit; the torch runner, when torch is installed, PyTorch.
+Every runner is checked against, and its times divided by, the first tinyvit
+runner ("tinyvit", unless ``--tiers`` names reference first) and PyTorch.
+
+What is measured, for each config and runner, with the same float32 batch and
+weights (every tinyvit model from seed 0; the torch model is
+``tests/torch_reference.torch_vit_from(model, float32)``):
 
 - train step: ``zero_grad``, forward, softmax cross-entropy with label
   smoothing 0.1, backward, AdamW (lr 1e-3, weight decay 0.05 on Linear and
@@ -23,39 +43,58 @@ What is measured, for each config, with the same float32 batch and weights
 - inference: tinyvit ``model.eval()`` then ``model.forward(x)``; torch
   ``model.eval()`` under ``torch.inference_mode()``.
 
-Before timing, one batch goes through both models: logits (train and eval
-mode) must agree to 1e-4 of their scale and the losses to 1e-5, or the script
-aborts. Timing then runs in this process, interleaved: each round times
-``--steps`` train steps of tinyvit, then of torch, then inference of each, so
-both see the same machine state; medians (and min/max) are over all rounds.
-Each turn (one framework's steps of one phase in one round) starts with
-``--warmup`` untimed steps. The first step after the other framework's turn
+Before timing, one batch goes through every model: each one's logits (train
+and eval mode) must agree with the first tinyvit runner's to 1e-4 of their scale
+and the losses to 1e-5, or the script aborts. Timing then runs interleaved: each
+round times ``--steps`` train steps of each runner in turn (tinyvit's tiers, the
+baseline, torch), then inference of each, so all see the same machine state;
+medians (and min/max) are over all rounds.
+Each turn (one runner's steps of one phase in one round) starts with
+``--warmup`` untimed steps. The first step after another runner's turn
 pays for that turn: on config A with two workers, tinyvit's first training step
 took 34 ms after 0.3 s of PyTorch training, 28 ms after 0.3 s of sleep and 25 ms
 with nothing in between (PyTorch's threads spin on after its last operation, and
 the workers wake from sleep with cold caches), and PyTorch's first step was
 3-14% slower than its next ones. A training loop runs its steps back to back,
-so neither framework's step includes that.
+so no runner's step includes that.
 Each step is timed alone (``perf_counter``; on GPU between synchronizations).
-Both models train on the same batch from the same weights for the same number
+All models train on the same batch from the same weights for the same number
 of steps, so their final losses are printed side by side: a check that the
 backward passes and the AdamW steps agree too.
-Both sides use the same thread count: torch.set_num_threads(number of OpenBLAS
+All use the same thread count: torch.set_num_threads(number of OpenBLAS
 threads), and the same allocator settings: this process, like train_mnist.py,
 calls ``allocator.keep_freed_memory()`` (glibc keeps freed arrays' pages for reuse).
 
+The ``--baseline`` runner: one process cannot import two packages named
+tinyvit, so the baseline runs in a child process, this script with a hidden
+flag, started per config, which puts DIR first on ``sys.path``, imports DIR's
+tinyvit (``model.ViT``, ``model.ViTConfig``, ``loss.SoftmaxCrossEntropy``,
+``loss.loss_and_gradients``, ``optim.AdamW``: what tinyvit has had since
+af2d193) and builds the same config (the fields both versions have), seed,
+dtype, batch, loss and optimizer as the tinyvit runners, with the same
+OpenBLAS thread count (checked) and allocator settings, and its default tier of
+layers (``TINYVIT_REFERENCE`` is removed from its environment). It sends its
+logits and loss for the check, then, at each of its turns, times the steps
+itself exactly as this process does and sends the milliseconds back over a pipe
+(one JSON line each way), so the pipe is not timed and the interleaving is the
+same as for the other runners. Not with ``--gpu``.
+
 GFLOP/s counts only the model's matmuls, from the config (``matmul_flops``), each
-framework its own: under class-token pooling tinyvit's last block computes the
-class token's row alone (the other rows never reach the head), PyTorch's every row;
+runner its own: under class-token pooling tinyvit's last block, in either tier,
+computes the class token's row alone (the other rows never reach the head),
+PyTorch's every row. The baseline is counted as the first tinyvit runner: the
+same matmuls while its last block also computes the class token's row alone (as
+at af2d193; its logits are checked, its FLOPs are not);
 the fraction is of the float32 matmul peak of a large square matmul in NumPy
 (2048^2, best of 10; CuPy and 8192^2 on GPU), measured before and after the
 configs and the higher kept (another process can take a core for a while);
 torch's peak is printed for reference. The tables are printed at the end,
 once the peak is known.
 
-Peak memory is measured in a fresh subprocess per (framework, config, train or
-inference), so that neither framework's allocator state nor the other's
-buffers count. The subprocess first runs one throwaway step on a 2-image batch
+Peak memory is measured in a fresh subprocess per (runner, config, train or
+inference), so that no runner's allocator state nor another's buffers count;
+the ``--baseline`` runner's is not measured (shown as "not measured").
+The subprocess first runs one throwaway step on a 2-image batch
 (so library code paged in on first use and one-time set-up are not counted),
 builds the model and the batch, takes its RSS as the baseline and resets the
 peak-RSS mark (``/proc/self/clear_refs``; ``ru_maxrss`` cannot serve here, as
@@ -77,7 +116,9 @@ so it is an upper bound where torch's is exact).
 """
 
 import argparse
+import dataclasses
 import gc
+import importlib
 import json
 import os
 import platform
@@ -94,6 +135,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # torch_reference.py lives with the tests
 
 import tinyvit  # noqa: E402
+import tinyvit.fast  # noqa: E402
 from tinyvit import allocator, backend  # noqa: E402
 from tinyvit.layers import ClassAttentionBlock  # noqa: E402
 from tinyvit.loss import SoftmaxCrossEntropy, loss_and_gradients  # noqa: E402
@@ -123,6 +165,9 @@ CONFIGS = {
 LR, WEIGHT_DECAY, LABEL_SMOOTHING = 1e-3, 0.05, 0.1
 LOGITS_TOL, LOSS_TOL = 1e-4, 1e-5
 COMMAND = "env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/benchmark.py"
+RUNNER_NAMES = {"fast": "tinyvit", "reference": "tinyvit-reference"}  # tier -> runner's name
+TIER_OF = {name: tier for tier, name in RUNNER_NAMES.items()}
+NOT_MEASURED = "not measured"  # the baseline's peak memory (see the module docstring)
 
 
 # ---------------------------------------------------------------------------
@@ -284,7 +329,7 @@ def torch_sync(gpu):
 
 
 # ---------------------------------------------------------------------------
-# The two models, behind one interface
+# The runners, behind one interface
 # ---------------------------------------------------------------------------
 
 
@@ -296,13 +341,14 @@ def make_batch(config, batch):
 
 
 class TinyvitRunner:
-    """tinyvit in this process, or with ``workers > 1`` its training step and inference
-    split over worker processes (``tinyvit.parallel``, as ``train_mnist.py`` trains)."""
+    """tinyvit's layers of one tier ("fast" or "reference") in this process, or with
+    ``workers > 1`` its training step and inference split over worker processes
+    (``tinyvit.parallel``, as ``train_mnist.py`` trains)."""
 
-    name = "tinyvit"
-
-    def __init__(self, config, images, labels, workers=1):
-        self.model = ViT(config, seed=0, dtype=np.float32)
+    def __init__(self, config, images, labels, workers=1, tier="fast"):
+        self.tier, self.name = tier, RUNNER_NAMES[tier]
+        with tinyvit.fast.tier(tier):  # a layer's tier is fixed when it is built
+            self.model = ViT(config, seed=0, dtype=np.float32)
         self.x, self.y = backend.to_device(images), backend.to_device(labels)
         self.loss_fn = SoftmaxCrossEntropy(label_smoothing=LABEL_SMOOTHING)
         self.optimizer = None
@@ -315,7 +361,8 @@ class TinyvitRunner:
     def start_workers(self):
         """With ``workers > 1``, start them (once)."""
         if self.workers > 1 and self.parallel is None:
-            self.parallel = DataParallel(self.model, self.workers, len(self.x)).__enter__()
+            with tinyvit.fast.tier(self.tier):  # DataParallel hands the tier on to its workers
+                self.parallel = DataParallel(self.model, self.workers, len(self.x)).__enter__()
             self.targets = self.loss_fn.targets(self.y, self.model.config.num_classes, self.x.dtype)
 
     def prepare_training(self):
@@ -347,6 +394,9 @@ class TinyvitRunner:
         logits = self.model.forward(self.x)
         return backend.to_host(logits), float(backend.to_host(self.loss_fn.forward(logits, self.y)))
 
+    def final_loss(self):
+        return float(backend.to_host(self.last_loss))
+
     sync = staticmethod(backend.synchronize)
 
 
@@ -363,6 +413,9 @@ class TorchRunner:
         self.decay_names = decay_names
         self.sync = torch_sync(gpu)
         self.optimizer = None
+
+    def close(self):
+        """Nothing to stop: torch runs in this process."""
 
     def prepare_training(self):
         params = dict(self.model.named_parameters())
@@ -398,33 +451,50 @@ class TorchRunner:
             loss = F.cross_entropy(logits, self.y, label_smoothing=LABEL_SMOOTHING)
         return logits.cpu().numpy(), float(loss)
 
-
-def build_runners(config, batch, gpu, workers=1):
-    images, labels = make_batch(config, batch)
-    tv = TinyvitRunner(config, images, labels, workers)
-    pt = TorchRunner(tv.model, tv.decay_names(), images, labels, gpu) if torch else None
-    return tv, pt
+    def final_loss(self):
+        return self.last_loss.item()
 
 
-def check_same_function(tv, pt):
-    """Abort unless both models give the same logits (train and eval mode) and loss."""
+def build_runners(name, args):
+    """The runners of config ``name``, in the order they take turns: one tinyvit
+    runner per tier of ``--tiers``, the ``--baseline`` tree's, then torch's (with
+    the first tinyvit runner's weights)."""
+    config = CONFIGS[name]
+    images, labels = make_batch(config, args.batch)
+    runners = [TinyvitRunner(config, images, labels, args.workers, t) for t in args.tiers]
+    if args.baseline:
+        runners.append(BaselineRunner(args.baseline, args.baseline_label, name, args.batch))
+    if torch:
+        first = runners[0]
+        runners.append(TorchRunner(first.model, first.decay_names(), images, labels, args.gpu))
+    return runners
+
+
+def check_same_function(a, b):
+    """Abort unless runners ``a`` and ``b`` give the same logits (train and eval
+    mode) and loss; return the largest differences."""
     worst = {}
     for mode in (True, False):
-        tv.set_training(mode)
-        pt.set_training(mode)
-        (a, loss_a), (b, loss_b) = tv.logits_and_loss(), pt.logits_and_loss()
-        scale = max(float(np.abs(b).max()), 1e-30)
-        rel, dloss = float(np.abs(a - b).max()) / scale, abs(loss_a - loss_b)
+        a.set_training(mode)
+        b.set_training(mode)
+        (logits_a, loss_a), (logits_b, loss_b) = a.logits_and_loss(), b.logits_and_loss()
+        scale = max(float(np.abs(logits_b).max()), 1e-30)
+        rel, dloss = float(np.abs(logits_a - logits_b).max()) / scale, abs(loss_a - loss_b)
         label = "train" if mode else "eval"
         worst[label] = {"logits_rel_diff": rel, "loss_diff": dloss}
         if not (rel < LOGITS_TOL and dloss < LOSS_TOL):
             sys.exit(
-                f"ABORT: tinyvit and PyTorch compute different things ({label} mode):\n"
+                f"ABORT: {a.name} and {b.name} compute different things ({label} mode):\n"
                 f"  logits max abs diff / max |logit| = {rel:.3e} (must be < {LOGITS_TOL:g})\n"
-                f"  loss: tinyvit {loss_a:.8f}, torch {loss_b:.8f}, diff {dloss:.3e} "
+                f"  loss: {a.name} {loss_a:.8f}, {b.name} {loss_b:.8f}, diff {dloss:.3e} "
                 f"(must be < {LOSS_TOL:g})"
             )
     return worst
+
+
+def check_runners(runners):
+    """{name: largest differences} of every runner against the first, or abort."""
+    return {r.name: check_same_function(runners[0], r) for r in runners[1:]}
 
 
 # ---------------------------------------------------------------------------
@@ -445,17 +515,19 @@ def time_calls(fn, n, sync):
 
 
 def timed_phase(runner, phase, n):
+    if hasattr(runner, "time_phase"):  # a runner in another process times its steps there
+        return runner.time_phase(phase, n)
     runner.set_training(phase == "train")
     fn = runner.train_step if phase == "train" else runner.infer
     return time_calls(fn, n, runner.sync)
 
 
 def time_interleaved(runners, steps, rounds, warmup):
-    """{(framework, phase): [ms, ...]}: each round runs every runner's train steps,
-    then every runner's inference, so the frameworks alternate throughout. Every
-    turn starts with ``warmup`` untimed steps: the first steps after the other
-    framework's turn run slow (its threads may still spin, and the caches hold its
-    data), which is a cost of interleaving, not of either framework's step."""
+    """{(runner name, phase): [ms, ...]}: each round runs every runner's train steps,
+    then every runner's inference, so the runners alternate throughout. Every
+    turn starts with ``warmup`` untimed steps: the first steps after another
+    runner's turn run slow (its threads may still spin, and the caches hold its
+    data), which is a cost of interleaving, not of any runner's step."""
     times = {(r.name, phase): [] for r in runners for phase in ("train", "infer")}
     for _ in range(rounds):
         for phase in ("train", "infer"):
@@ -466,7 +538,162 @@ def time_interleaved(runners, steps, rounds, warmup):
 
 
 # ---------------------------------------------------------------------------
-# Peak memory, in a fresh process per (framework, config, phase)
+# The baseline: tinyvit from another source tree, in a child process
+# ---------------------------------------------------------------------------
+
+
+class BaselineRunner:
+    """tinyvit from the source tree ``root`` (``--baseline``), timed in a child
+    process: this script with ``--baseline-worker``, which imports that tree's
+    tinyvit (one process cannot hold two packages named tinyvit). One JSON line
+    per command goes to its stdin and one reply comes back on its stdout:
+
+        {"do": "train" | "infer", "n": k}    -> {"ms": [k step times], "loss": latest}
+        {"do": "logits", "training": mode}   -> {"logits": [[...], ...], "loss": loss}
+
+    The child times each step itself, as ``time_calls`` does, so that neither the
+    pipe nor this process's waiting is counted. Its errors go to this process's
+    stderr."""
+
+    def __init__(self, root, label, config_name, batch):
+        self.name = f"tinyvit@{label}"
+        self.training, self.last_loss = True, None
+        env = {**os.environ, "OPENBLAS_NUM_THREADS": str(blas_threads())}  # this process's count
+        env.pop("TINYVIT_REFERENCE", None)  # the baseline builds its default layers
+        command = [sys.executable, __file__, "--baseline-worker", str(root),
+                   "--configs", config_name, "--batch", str(batch)]
+        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        text=True, env=env)
+        threads = self._receive("its start")["blas_threads"]
+        if threads != blas_threads():
+            self.close()
+            raise RuntimeError(f"{self.name}: expected {blas_threads()} BLAS thread(s) in the "
+                               f"baseline process, as in this one; got {threads}")
+
+    def _receive(self, what):
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"{self.name}: the baseline process exited (rc "
+                               f"{self.process.wait()}) instead of answering {what} "
+                               "(its error, if any, is printed above)")
+        return json.loads(line)
+
+    def _ask(self, command):
+        try:
+            self.process.stdin.write(json.dumps(command) + "\n")
+            self.process.stdin.flush()
+        except BrokenPipeError:
+            pass  # the child is gone: _receive reports it
+        return self._receive(command)
+
+    def set_training(self, mode):
+        self.training = mode  # sent with the next logits command
+
+    def prepare_training(self):
+        """Nothing to do: the child builds its optimizer when it starts."""
+
+    def time_phase(self, phase, n):
+        reply = self._ask({"do": phase, "n": n})
+        self.last_loss = reply["loss"]
+        return reply["ms"]
+
+    def logits_and_loss(self):
+        reply = self._ask({"do": "logits", "training": self.training})
+        return np.array(reply["logits"], dtype=np.float32), reply["loss"]
+
+    def final_loss(self):
+        return self.last_loss
+
+    def close(self):
+        if self.process.poll() is None:
+            self.process.stdin.close()  # end of input: the child's loop ends
+            self.process.wait()
+
+
+def import_baseline(root):
+    """The tinyvit package of the source tree ``root``, in place of this tree's,
+    with its model, loss and optim modules (only the baseline's child calls this:
+    afterwards ``import tinyvit`` means the baseline's)."""
+    for name in [m for m in sys.modules if m == "tinyvit" or m.startswith("tinyvit.")]:
+        del sys.modules[name]  # this tree's, imported at the top of the script
+    sys.path.insert(0, str(root))
+    for module in ("model", "loss", "optim"):
+        importlib.import_module(f"tinyvit.{module}")
+    package = sys.modules["tinyvit"]
+    found, expected = Path(package.__file__).resolve().parent, (Path(root) / "tinyvit").resolve()
+    if found != expected:
+        raise RuntimeError(f"--baseline: expected tinyvit imported from {expected}, got {found}")
+    return package
+
+
+def baseline_config(config_class, config):
+    """``config`` as the baseline's ``config_class``: the fields both versions have.
+    A field the baseline lacks keeps its meaning only at its default; where that
+    changes the model, the logits check catches it."""
+    theirs = {f.name for f in dataclasses.fields(config_class)}
+    return config_class(**{k: v for k, v in dataclasses.asdict(config).items() if k in theirs})
+
+
+class BaselineSteps:
+    """In the baseline's child: TinyvitRunner's training step and inference, with
+    the same config, seed, dtype, batch, loss and optimizer, on the baseline's
+    modules (``package``), on the CPU in one process."""
+
+    def __init__(self, package, config, batch):
+        self.model = package.model.ViT(baseline_config(package.model.ViTConfig, config), seed=0,
+                                       dtype=np.float32)
+        self.x, self.y = make_batch(config, batch)
+        self.loss_fn = package.loss.SoftmaxCrossEntropy(label_smoothing=LABEL_SMOOTHING)
+        self.optimizer = package.optim.AdamW(self.model, lr=LR, weight_decay=WEIGHT_DECAY)
+        self.loss_and_gradients = package.loss.loss_and_gradients
+        self.last_loss = None
+
+    def set_training(self, mode):
+        self.model.train(mode)
+
+    def train_step(self):
+        loss, _ = self.loss_and_gradients(self.model, self.loss_fn, self.x, self.y, seed=0)
+        self.optimizer.step()
+        self.last_loss = loss
+
+    def infer(self):
+        return self.model.forward(self.x)
+
+    def logits_and_loss(self):
+        logits = self.model.forward(self.x)
+        return logits, float(self.loss_fn.forward(logits, self.y))
+
+    def sync(self):
+        """NumPy computes synchronously: nothing to wait for."""
+
+
+def baseline_worker(root, name, batch):
+    """Child-process body of ``--baseline``: build config ``name`` from the tree
+    ``root`` and serve BaselineRunner's commands until the end of stdin."""
+    replies = sys.stdout
+    sys.stdout = sys.stderr  # whatever the baseline prints must not mix with the replies
+    allocator.keep_freed_memory()  # the same allocator settings as the parent
+    steps = BaselineSteps(import_baseline(root), CONFIGS[name], batch)
+
+    def reply(message):
+        replies.write(json.dumps(message) + "\n")
+        replies.flush()
+
+    reply({"blas_threads": blas_threads()})
+    for line in sys.stdin:
+        command = json.loads(line)
+        if command["do"] == "logits":
+            steps.set_training(command["training"])
+            logits, loss = steps.logits_and_loss()
+            reply({"logits": logits.tolist(), "loss": loss})
+        else:
+            ms = timed_phase(steps, command["do"], command["n"])
+            loss = None if steps.last_loss is None else float(steps.last_loss)
+            reply({"ms": ms, "loss": loss})
+
+
+# ---------------------------------------------------------------------------
+# Peak memory, in a fresh process per (runner, config, phase)
 # ---------------------------------------------------------------------------
 
 
@@ -544,8 +771,9 @@ class TorchCudaMemory:
 
 
 def make_runner(framework, config, batch, gpu, workers=1):
+    """The runner named ``framework`` ("torch" or a tinyvit tier's runner name)."""
     images, labels = make_batch(config, batch)
-    runner = TinyvitRunner(config, images, labels, workers)
+    runner = TinyvitRunner(config, images, labels, workers, TIER_OF.get(framework, "fast"))
     if framework == "torch":
         runner = TorchRunner(runner.model, runner.decay_names(), images, labels, gpu)
     return runner
@@ -562,7 +790,7 @@ def one_step(runner, phase):
 
 
 def memory_worker(spec, batch, steps, gpu, workers):
-    """Subprocess body: build one framework's model and batch, set the baseline,
+    """Subprocess body: build one runner's model and batch, set the baseline,
     run a few steps of one phase, print the peak growth as JSON."""
     framework, name, phase = spec.split(":")
     setup_backends(gpu)
@@ -571,14 +799,15 @@ def memory_worker(spec, batch, steps, gpu, workers):
     gc.collect()
     runner = make_runner(framework, config, batch, gpu, workers)
     pids = []
-    if framework == "tinyvit" and workers > 1:
+    tinyvit_runner = isinstance(runner, TinyvitRunner)
+    if tinyvit_runner and workers > 1:
         runner.start_workers()
         runner.parallel.forward(runner.x[:2])  # the workers page in their code
         pids = [p.pid for p in runner.parallel.processes]
     if not gpu:
         meter = HostMemory(pids)
     else:
-        meter = CupyMemory() if framework == "tinyvit" else TorchCudaMemory()
+        meter = CupyMemory() if tinyvit_runner else TorchCudaMemory()
     runner.sync()
     meter.start()
     try:
@@ -619,51 +848,104 @@ def summarize(ms, flops, batch):
 
 def add_fractions_of_peak(results, peak):
     for result in results.values():
-        for framework in ("tinyvit", "torch"):
+        for name in result["runners"]:
             for phase in ("train", "infer"):
-                s = get(result, framework, phase)
-                if s is not None:
-                    s["fraction_of_peak"] = s["gflops"] / peak
+                result[name][phase]["fraction_of_peak"] = result[name][phase]["gflops"] / peak
+
+
+def forward_flops(runners, config, batch):
+    """{runner name: matmul FLOPs of one forward}. torch computes every token in
+    every block; tinyvit's last block, under class-token pooling, only the class
+    token's row (the rest never reaches the head), in either tier. The baseline is
+    counted as the first tinyvit runner (the module docstring says why)."""
+    flops = {}
+    for r in runners:
+        if isinstance(r, TinyvitRunner):
+            last_rows = 1 if isinstance(r.model.blocks[-1], ClassAttentionBlock) else None
+            flops[r.name] = matmul_flops(config, batch, last_rows)
+        elif isinstance(r, BaselineRunner):
+            flops[r.name] = flops[runners[0].name]
+        else:
+            flops[r.name] = matmul_flops(config, batch)
+    return flops
+
+
+def peak_memory(runner, name, args):
+    if isinstance(runner, BaselineRunner):
+        return NOT_MEASURED
+    return {phase: measure_memory(runner.name, name, phase, args) for phase in ("train", "infer")}
+
+
+def ratio_references(names):
+    """The runners whose times (and memory) the others are divided by: the first
+    tinyvit runner when there are several, and torch."""
+    tinyvits = [n for n in names if n != "torch"]
+    return tinyvits[:1] * (len(tinyvits) > 1) + ["torch"] * ("torch" in names)
+
+
+def ratios_to(result, name, ref):
+    """Runner ``name``'s median times and peak memory over runner ``ref``'s."""
+    ratios = {}
+    for phase in ("train", "infer"):
+        ratios[f"{phase}_ms"] = ratio(get(result, name, phase, "median_ms"),
+                                      get(result, ref, phase, "median_ms"))
+        ratios[f"{phase}_peak_mb"] = ratio(get(result, name, "peak_memory", phase, "peak_mb"),
+                                           get(result, ref, "peak_memory", phase, "peak_mb"))
+    return ratios
+
+
+def add_ratios(result):
+    """Each tinyvit runner's ``ratio_to`` every reference runner but itself (above 1:
+    slower, more memory)."""
+    references = ratio_references(result["runners"])
+    for name in result["runners"]:
+        if name != "torch":
+            result[name]["ratio_to"] = {ref: ratios_to(result, name, ref)
+                                        for ref in references if ref != name}
+
+
+def print_checks(check):
+    if not check["runners"]:
+        print(f"  ({check['against']} alone: no cross-check)")
+    for name, worst in check["runners"].items():
+        print(f"  same function as {check['against']}, {name}: logits rel diff "
+              f"{worst['train']['logits_rel_diff']:.1e} (train) "
+              f"{worst['eval']['logits_rel_diff']:.1e} (eval), "
+              f"loss diff {worst['train']['loss_diff']:.1e}")
 
 
 def run_config(name, args):
     config = CONFIGS[name]
     print(f"running config {name} (timing, then memory subprocesses)")
-    tv, pt = build_runners(config, args.batch, args.gpu, args.workers)
-    runners = [tv] + ([pt] if pt else [])
-    check = check_same_function(tv, pt) if pt else None
-    if not check:
-        print("  (PyTorch not found: no cross-check, tinyvit alone)")
-    else:
-        print("  same function: logits rel diff {:.1e} (train) {:.1e} (eval), loss diff {:.1e}"
-              .format(check["train"]["logits_rel_diff"], check["eval"]["logits_rel_diff"],
-                      check["train"]["loss_diff"]))
-    for r in runners:
-        r.prepare_training()
+    runners = build_runners(name, args)
     try:
+        check = {"against": runners[0].name, "runners": check_runners(runners)}
+        print_checks(check)
+        for r in runners:
+            r.prepare_training()
         times = time_interleaved(runners, args.steps, args.rounds, args.warmup)
+        losses = {r.name: r.final_loss() for r in runners}
     finally:
-        tv.close()
-    # torch computes every token in every block; tinyvit's last block, under class-token
-    # pooling, only the class token's row (the rest never reaches the head)
-    last_rows = 1 if isinstance(tv.model.blocks[-1], ClassAttentionBlock) else None
-    forward = {"tinyvit": matmul_flops(config, args.batch, last_rows),
-               "torch": matmul_flops(config, args.batch)}
-    result = {"config": describe(config), "params": tv.model.num_parameters(), "batch": args.batch,
+        for r in runners:
+            r.close()
+    forward = forward_flops(runners, config, args.batch)
+    first = runners[0]
+    result = {"config": describe(config), "params": first.model.num_parameters(),
+              "batch": args.batch, "runners": [r.name for r in runners],
               "forward_matmul_flops": forward,
               "train_matmul_flops": {k: 3 * v for k, v in forward.items()},
-              "check": check}
+              "check": check,
+              # the same steps on the same batch from the same weights: a check of backward
+              # and AdamW
+              "loss_after_training": {"steps": args.rounds * (args.warmup + args.steps),
+                                      **losses}}
     for r in runners:
         result[r.name] = {
             "train": summarize(times[r.name, "train"], 3 * forward[r.name], args.batch),
             "infer": summarize(times[r.name, "infer"], forward[r.name], args.batch),
-            "peak_memory": {phase: measure_memory(r.name, name, phase, args)
-                            for phase in ("train", "infer")},
+            "peak_memory": peak_memory(r, name, args),
         }
-    if pt and hasattr(pt, "last_loss"):
-        result["loss_after_training"] = {"steps": args.rounds * (args.warmup + args.steps),
-                                         "tinyvit": float(backend.to_host(tv.last_loss)),
-                                         "torch": pt.last_loss.item()}
+    add_ratios(result)
     return result
 
 
@@ -706,78 +988,95 @@ def fmt(value, spec=".1f"):
 
 
 def ratio(a, b):
-    return None if a is None or b is None else a / b
+    return None if a is None or not b else a / b  # a peak memory growth can be 0
 
 
-def get(result, framework, *keys):
-    """result[framework][k1][k2]..., or None where torch is absent or memory failed."""
-    value = result.get(framework)
+def get(result, runner, *keys):
+    """result[runner][k1][k2]..., or None where the runner is absent or memory failed
+    or was not measured."""
+    value = result.get(runner)
     for k in keys:
-        value = None if value is None else value.get(k)
+        value = value.get(k) if isinstance(value, dict) else None
     return value
 
 
+def display(name):
+    return "PyTorch" if name == "torch" else name
+
+
+def memory_cell(result, runner, phase):
+    if result[runner]["peak_memory"] == NOT_MEASURED:
+        return NOT_MEASURED
+    return fmt(get(result, runner, "peak_memory", phase, "peak_mb"))
+
+
+def spread_cell(stats):
+    return f"{stats['min_ms']:.1f} / {stats['max_ms']:.1f}"
+
+
+def rate_cell(stats):
+    return f"{stats['gflops']:.1f} ({100 * stats['fraction_of_peak']:.0f}%)"
+
+
 def print_config(name, result):
-    def row(label, key_path, spec=".1f", with_ratio=True):
-        a, b = get(result, "tinyvit", *key_path), get(result, "torch", *key_path)
-        return [label, fmt(a, spec), fmt(b, spec), fmt(ratio(a, b), ".2f") if with_ratio else ""]
+    """One column per runner; the ratio rows divide each tinyvit runner's figure by
+    the reference runner's named in the row."""
+    names, references = result["runners"], ratio_references(result["runners"])
 
-    def spread(phase):
-        return [f"{phase} ms, min / max"] + [
-            "-" if get(result, f, phase) is None
-            else f"{get(result, f, phase, 'min_ms'):.1f} / {get(result, f, phase, 'max_ms'):.1f}"
-            for f in ("tinyvit", "torch")] + [""]
+    def row(label, cell):
+        return [label] + [cell(n) for n in names]
 
-    def rate(phase):
-        cells = []
-        for f in ("tinyvit", "torch"):
-            s = get(result, f, phase)
-            cells.append("-" if s is None
-                         else f"{s['gflops']:.1f} ({100 * s['fraction_of_peak']:.0f}%)")
-        return [f"{phase} GFLOP/s (% peak)", *cells, ""]
+    def ratio_rows(label, key):
+        return [row(f"{label} / {display(ref)}",
+                    lambda n: "" if n in (ref, "torch")
+                    else fmt(result[n]["ratio_to"][ref][key], ".2f"))
+                for ref in references]
 
     rows = []
     for phase in ("train", "infer"):
-        rows += [row(f"{phase} ms, median", (phase, "median_ms")), spread(phase),
-                 row(f"{phase} images/s", (phase, "images_per_s"), ".0f", False), rate(phase)]
+        rows += [row(f"{phase} ms, median", lambda n: fmt(result[n][phase]["median_ms"])),
+                 row(f"{phase} ms, min / max", lambda n: spread_cell(result[n][phase])),
+                 row(f"{phase} images/s", lambda n: fmt(result[n][phase]["images_per_s"], ".0f")),
+                 row(f"{phase} GFLOP/s (% peak)", lambda n: rate_cell(result[n][phase])),
+                 *ratio_rows(f"{phase} ms", f"{phase}_ms")]
     for phase in ("train", "infer"):
-        rows.append(row(f"{phase} peak memory MB", ("peak_memory", phase, "peak_mb")))
+        rows.append(row(f"{phase} peak memory MB", lambda n: memory_cell(result, n, phase)))
+    for phase in ("train", "infer"):
+        rows += ratio_rows(f"{phase} peak MB", f"{phase}_peak_mb")
     print(f"\nconfig {name}: {result['config']}, batch {result['batch']}")
     flops = result["forward_matmul_flops"]
     print(f"  {result['params']:,} parameters; matmul FLOPs per batch, forward (train step 3x): "
-          f"tinyvit {flops['tinyvit'] / 1e9:.2f} G, PyTorch {flops['torch'] / 1e9:.2f} G")
-    print(render(rows, ["", "tinyvit", "PyTorch", "tinyvit/PyTorch"], "lrrr"))
-    trained = result.get("loss_after_training")
-    # the same steps on the same batch from the same weights: a check of backward + AdamW
-    if trained:
-        print(f"  loss after {trained['steps']} train steps on the batch: "
-              f"tinyvit {trained['tinyvit']:.5f}, "
-              f"PyTorch {trained['torch']:.5f}")
+          + ", ".join(f"{display(n)} {flops[n] / 1e9:.2f} G" for n in names))
+    print(render(rows, [""] + [display(n) for n in names], "l" + "r" * len(names)))
+    trained = result["loss_after_training"]
+    print(f"  loss after {trained['steps']} train steps on the batch: "
+          + ", ".join(f"{display(n)} {trained[n]:.5f}" for n in names))
 
 
 def print_summary(results, peaks):
-    groups = [("", ["config"]), ("train ms", ["tinyvit", "torch", "ratio"]),
-              ("infer ms", ["tinyvit", "torch", "ratio"]),
-              ("train GFLOP/s (% peak)", ["tinyvit", "torch"]),
-              ("peak MB train", ["tinyvit", "torch"]), ("peak MB infer", ["tinyvit", "torch"])]
+    """One row per config and runner."""
+    references = ratio_references(next(iter(results.values()))["runners"])
+    ratio_columns = [f"/ {display(ref)}" for ref in references]
+    groups = [("", ["config", "runner"]), ("train ms", ["median", *ratio_columns]),
+              ("infer ms", ["median", *ratio_columns]), ("train", ["GFLOP/s (% peak)"]),
+              ("peak MB", ["train", "infer"])]
     header = [col for _, cols in groups for col in cols]
     rows = []
-    for name, r in results.items():
-        row = [name]
-        for phase in ("train", "infer"):
-            a, b = get(r, "tinyvit", phase, "median_ms"), get(r, "torch", phase, "median_ms")
-            row += [fmt(a), fmt(b), fmt(ratio(a, b), ".2f")]
-        for f in ("tinyvit", "torch"):
-            s = get(r, f, "train")
-            row.append("-" if s is None
-                       else f"{s['gflops']:.0f} ({100 * s['fraction_of_peak']:.0f}%)")
-        for phase in ("train", "infer"):
-            row += [fmt(get(r, f, "peak_memory", phase, "peak_mb")) for f in ("tinyvit", "torch")]
-        rows.append(row)
-    print("\nsummary (ratio = tinyvit / PyTorch time: above 1, tinyvit is slower; % of the "
+    for config, r in results.items():
+        for name in r["runners"]:
+            row = [config, display(name)]
+            for phase in ("train", "infer"):
+                row.append(fmt(r[name][phase]["median_ms"]))
+                row += ["" if ref == name or name == "torch"
+                        else fmt(r[name]["ratio_to"][ref][f"{phase}_ms"], ".2f")
+                        for ref in references]
+            row.append(rate_cell(r[name]["train"]))
+            row += [memory_cell(r, name, phase) for phase in ("train", "infer")]
+            rows.append(row)
+    print("\nsummary (/ X = median time over X's: above 1, slower than X; % of the "
           f"{backend.get_backend()} matmul peak; peaks, best of start and end: "
           + ", ".join(f"{k} {v:.0f} GFLOP/s" for k, v in peaks.items()) + ")")
-    print(render(rows, header, "l" + "r" * (len(header) - 1), [(t, len(c)) for t, c in groups]))
+    print(render(rows, header, "ll" + "r" * (len(header) - 2), [(t, len(c)) for t, c in groups]))
 
 
 # ---------------------------------------------------------------------------
@@ -816,10 +1115,22 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true", help="config A, few steps: a smoke test for CI")
     p.add_argument("--gpu", action="store_true", help="tinyvit on CuPy against torch on CUDA")
     p.add_argument("--workers", type=int, default=1,
-                   help="tinyvit's worker processes "
-                        "(tinyvit.parallel; memory: summed over all processes)")
+                   help="worker processes of each --tiers runner (tinyvit.parallel; memory: "
+                        "summed over all processes); not the --baseline runner, which keeps "
+                        "one process")
+    p.add_argument("--tiers", default="fast",
+                   help="comma-separated tiers of tinyvit's layers to time, one runner each: "
+                        "fast (named tinyvit), reference (tinyvit-reference); the first is "
+                        "what the other runners are checked against and divided by")
+    p.add_argument("--baseline", metavar="DIR", type=Path,
+                   help="also time tinyvit from the source tree DIR (holding tinyvit/), e.g. "
+                        "a git worktree of an older commit, in one child process with this "
+                        "process's BLAS thread count; its memory is not measured")
+    p.add_argument("--baseline-label", metavar="LABEL",
+                   help="the baseline runner is named tinyvit@LABEL (default: DIR's name)")
     p.add_argument("--json", metavar="FILE", help="write the figures as JSON")
     p.add_argument("--memory-worker", help=argparse.SUPPRESS)
+    p.add_argument("--baseline-worker", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     for name, least in (("batch", 1), ("steps", 1), ("rounds", 1), ("memory_steps", 1),
                         ("workers", 1), ("warmup", 0)):
@@ -828,6 +1139,21 @@ def parse_args(argv=None):
                     f"got {getattr(args, name)}")
     if args.gpu and args.workers > 1:
         p.error("--workers splits batches over CPU processes; on a GPU tinyvit runs one process")
+    args.tiers = [t.strip() for t in args.tiers.split(",") if t.strip()]
+    tiers = set(args.tiers)
+    if not tiers or tiers - set(RUNNER_NAMES) or len(tiers) < len(args.tiers):
+        p.error(f"--tiers: expected distinct names among {', '.join(RUNNER_NAMES)}, "
+                f"got {','.join(args.tiers) or 'none'}")
+    for flag, root in (("--baseline", args.baseline), ("--baseline-worker", args.baseline_worker)):
+        if root and not (root / "tinyvit" / "__init__.py").is_file():
+            p.error(f"{flag}: expected a source tree holding tinyvit/__init__.py, got {root}")
+    if args.baseline_label and not args.baseline:
+        p.error(f"--baseline-label names the --baseline runner; got {args.baseline_label!r} "
+                "without --baseline")
+    if args.baseline and args.gpu:
+        p.error("--baseline runs its child on the CPU; drop --gpu to time it")
+    if args.baseline:
+        args.baseline_label = args.baseline_label or args.baseline.resolve().name
     if args.quick:
         args.configs, args.steps, args.rounds, args.warmup, args.memory_steps = "A", 2, 1, 1, 1
     args.configs = [c.strip().upper() for c in args.configs.split(",") if c.strip()]
@@ -842,11 +1168,13 @@ def main(argv=None):
     if args.memory_worker:
         return memory_worker(args.memory_worker, args.batch, args.memory_steps, args.gpu,
                              args.workers)
+    if args.baseline_worker:
+        return baseline_worker(args.baseline_worker, args.configs[0], args.batch)
     setup_backends(args.gpu)
     report = machine_report(args.gpu)
     print_machine(report)
     if torch is None:
-        print("PyTorch not found: timing tinyvit alone (to compare, pip install torch==2.13.0)")
+        print("PyTorch not found: no PyTorch runner (to compare, pip install torch==2.13.0)")
     repeats = 3 if args.quick else 10
     n, peaks_before = matmul_peaks(args.gpu, repeats)
     print(f"float32 matmul peak ({n}x{n}, best of {repeats}): "
@@ -854,9 +1182,12 @@ def main(argv=None):
           + " (measured again at the end)")
     print(f"timing: {args.rounds} interleaved round(s); each turn {args.warmup} untimed step(s), "
           f"then {args.steps} timed; "
-          f"memory: fresh subprocess per framework, config and phase, {args.memory_steps} step(s)")
+          f"memory: fresh subprocess per runner, config and phase, {args.memory_steps} step(s)")
+    print("tinyvit runners: " + ", ".join(RUNNER_NAMES[t] for t in args.tiers)
+          + (f"; tinyvit@{args.baseline_label} from {args.baseline} in a child process of "
+             f"its own (memory {NOT_MEASURED})" if args.baseline else ""))
     if args.workers > 1:
-        print(f"tinyvit runs {args.workers} worker processes of one BLAS thread each "
+        print(f"each tier's runner uses {args.workers} worker processes of one BLAS thread each "
               "(tinyvit.parallel); its memory figures are summed over them and the parent")
     print()
     results = {name: run_config(name, args) for name in args.configs}
@@ -870,7 +1201,8 @@ def main(argv=None):
     if args.json:
         settings = {k: getattr(args, k)
                     for k in ("configs", "batch", "steps", "rounds", "warmup", "memory_steps",
-                              "gpu", "quick", "workers")}
+                              "gpu", "quick", "workers", "tiers", "baseline_label")}
+        settings["baseline"] = str(args.baseline.resolve()) if args.baseline else None
         payload = {"machine": report, "settings": settings, "matmul_peak_size": n,
                    "matmul_peak_gflops": {"used": peaks, "before": peaks_before,
                                           "after": peaks_after},

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "benchmark.py"
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "benchmark.py"
 PROFILE = SCRIPT.with_name("layer_profile.py")
 
 
@@ -80,6 +81,10 @@ def test_every_turn_starts_with_untimed_steps(bench, monkeypatch, warmup, slow_s
     (SCRIPT, ["--batch", "-3"], "--batch must be at least 1, got -3"),
     (SCRIPT, ["--warmup", "-1"], "--warmup must be at least 0, got -1"),
     (SCRIPT, ["--configs", "A,Z"], "unknown config(s) ['Z']; known: A, B, C"),
+    (SCRIPT, ["--tiers", "fast,quick"],
+     "--tiers: expected distinct names among fast, reference, got fast,quick"),
+    (SCRIPT, ["--baseline", "/nonexistent"],
+     "--baseline: expected a source tree holding tinyvit/__init__.py, got /nonexistent"),
     (PROFILE, ["--images", "0"], "--images must be at least 1, got 0"),
     (PROFILE, ["--batch", "-1"], "--batch must be at least 1, got -1"),
 ])
@@ -110,6 +115,84 @@ def test_benchmark_quick_mode_runs(tmp_path, workers):
     if Path("/proc/self/status").exists():  # with workers, the parent's and theirs
         assert ("summed over 3 processes" in memory["method"]) == (workers == 2)
     assert "summary" in result.stdout.lower()
+
+
+# runs the script given after it with torch unimportable, as where it is not installed
+WITHOUT_TORCH = ("import runpy, sys; sys.modules['torch'] = None; sys.argv = sys.argv[1:]; "
+                 "runpy.run_path(sys.argv[0], run_name='__main__')")
+
+
+def run_tiny(tmp_path, *flags, torch=True):
+    """The script in quick mode on a batch of 8 with ``flags``: (its JSON, its stdout)."""
+    out = tmp_path / "bench.json"
+    python = [sys.executable] + ([] if torch else ["-c", WITHOUT_TORCH])
+    result = subprocess.run([*python, str(SCRIPT), "--quick", "--batch", "8",
+                             "--json", str(out), *flags],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return json.loads(out.read_text()), result.stdout
+
+
+def check_runner_figures(config, name):
+    for phase in ("train", "infer"):
+        assert config[name][phase]["median_ms"] > 0 and config[name][phase]["gflops"] > 0
+    assert config["loss_after_training"][name] > 0
+
+
+@pytest.mark.slow
+def test_benchmark_times_both_tiers(bench, tmp_path):
+    figures, stdout = run_tiny(tmp_path, "--tiers", "fast,reference")
+    config = figures["configs"]["A"]
+    torch = ["torch"] if figures["machine"]["torch"] else []
+    assert config["runners"] == ["tinyvit", "tinyvit-reference", *torch]
+    assert figures["settings"]["tiers"] == ["fast", "reference"]
+    for name in config["runners"]:
+        check_runner_figures(config, name)
+        assert config[name]["peak_memory"]["train"]["peak_mb"] > 0
+    assert config["check"]["against"] == "tinyvit"
+    assert sorted(config["check"]["runners"]) == sorted(["tinyvit-reference", *torch])
+    # both tiers' last block computes the class token's row alone
+    flops = config["forward_matmul_flops"]
+    one_row = bench.matmul_flops(bench.CONFIGS["A"], 8, last_block_rows=1)
+    assert flops["tinyvit"] == flops["tinyvit-reference"] == one_row
+    ratios = config["tinyvit-reference"]["ratio_to"]
+    assert sorted(ratios) == sorted(["tinyvit", *torch]) and ratios["tinyvit"]["train_ms"] > 0
+    assert "tinyvit-reference" in stdout.split("summary")[1]
+
+
+@pytest.mark.slow
+def test_benchmark_baseline_of_this_tree_computes_the_same(tmp_path):
+    """This tree as its own baseline: the child imports the same code, so its logits
+    and its loss after training are tinyvit's."""
+    figures, stdout = run_tiny(tmp_path, "--baseline", str(ROOT), "--baseline-label", "same")
+    config = figures["configs"]["A"]
+    torch = ["torch"] if figures["machine"]["torch"] else []
+    assert config["runners"] == ["tinyvit", "tinyvit@same", *torch]
+    assert figures["settings"]["baseline"] == str(ROOT)
+    for name in config["runners"]:
+        check_runner_figures(config, name)
+    same = config["check"]["runners"]["tinyvit@same"]
+    assert same["train"]["logits_rel_diff"] == same["eval"]["logits_rel_diff"] == 0
+    losses = config["loss_after_training"]
+    assert losses["tinyvit@same"] == pytest.approx(losses["tinyvit"], rel=1e-6)
+    assert config["tinyvit@same"]["peak_memory"] == "not measured"
+    flops = config["forward_matmul_flops"]
+    assert flops["tinyvit@same"] == flops["tinyvit"]
+    assert config["tinyvit@same"]["ratio_to"]["tinyvit"]["infer_ms"] > 0
+    assert "not measured" in stdout.split("summary")[1]
+
+
+@pytest.mark.slow
+def test_benchmark_compares_tinyvits_without_torch(tmp_path):
+    figures, _ = run_tiny(tmp_path, "--tiers", "fast,reference", "--baseline", str(ROOT),
+                          "--baseline-label", "same", torch=False)
+    config = figures["configs"]["A"]
+    assert figures["machine"]["torch"] is None
+    assert config["runners"] == ["tinyvit", "tinyvit-reference", "tinyvit@same"]
+    for name in config["runners"]:
+        check_runner_figures(config, name)
+    for name in ("tinyvit-reference", "tinyvit@same"):
+        assert list(config[name]["ratio_to"]) == ["tinyvit"]
 
 
 def test_profile_charges_every_part_of_the_step():
