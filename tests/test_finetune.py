@@ -16,6 +16,7 @@ from conftest import stripe_images, tiny_config
 from tinyvit import backend as B
 from tinyvit.checkpoint import load_checkpoint
 from tinyvit.data import linear_interpolation_matrix, resize_images
+from tinyvit.functional import softmax
 from tinyvit.train import TrainConfig, build_model, fit, load_trained, predict
 
 # --------------------------------------------------------------------------- resizing images
@@ -77,6 +78,9 @@ def test_reset_head_or_new_classes_start_from_a_zero_head(stripes, pretrained_ru
     reset = tiny_config(stripes, tmp_path / "a", init=str(pretrained_run), reset_head=True)
     model, _ = build_model(reset)
     assert not model.state_dict()["head.weight"].any() and not model.state_dict()["head.bias"].any()
+    images = B.to_device(np.random.default_rng(0).standard_normal((3, 1, 28, 28), np.float32))
+    probabilities = B.to_host(softmax(model.eval().forward(images)))
+    assert (probabilities == np.float32(0.1)).all()  # uniform over the 10 classes at step 0
     # a file whose head has another class count: the run's 10 classes get a zero head
     small = build_model(tiny_config(stripes, tmp_path / "b"))[0]
     small.head.weight.data = small.head.weight.data[:4]

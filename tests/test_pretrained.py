@@ -434,6 +434,31 @@ def test_unreadable_safetensors_file(tmp_path):
         load_pretrained(tmp_path / "junk.safetensors")
 
 
+def safetensors_file(path, dtype, data_offsets, data):
+    """A one-tensor .safetensors file written byte by byte: the 8-byte header length,
+    the JSON header, the data."""
+    header = json.dumps({"cls_token": {"dtype": dtype, "shape": [1, 1, 4],
+                                       "data_offsets": data_offsets}}).encode()
+    path.write_bytes(len(header).to_bytes(8, "little") + header + data)
+    return path
+
+
+@needs_safetensors
+@pytest.mark.parametrize("dtype, itemsize", [("F32", 4), ("BF16", 2)])
+def test_truncated_and_overrunning_safetensors_files_are_named(tmp_path, dtype, itemsize):
+    size = 4 * itemsize
+    whole = safetensors_file(tmp_path / "whole.safetensors", dtype, [0, size], bytes(size))
+    with pytest.raises(PretrainedError, match="missing"):  # readable, just not a whole ViT
+        load_pretrained(whole)
+    truncated = tmp_path / "truncated.safetensors"  # cut inside the JSON header
+    truncated.write_bytes(whole.read_bytes()[:30])
+    overrunning = safetensors_file(tmp_path / "overrunning.safetensors", dtype, [0, 4 * size],
+                                   bytes(size))  # the offsets run past the end of the file
+    for path in (truncated, overrunning):
+        with pytest.raises(PretrainedError, match=f"^{path}: not a readable .safetensors file"):
+            load_pretrained(path)
+
+
 def test_missing_file_and_missing_safetensors_package(tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError):
         load_pretrained(tmp_path / "absent.npz")
