@@ -176,14 +176,21 @@ NOT_MEASURED = "not measured"  # the baseline's peak memory (see the module docs
 
 
 def processor_model():
+    """The processor's model name with its family and model numbers, which tell its
+    generation where the name does not (a virtual machine may say only "AMD EPYC")."""
+    fields = {}
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
-    return platform.processor() or "unknown"
+    if "model name" not in fields:
+        return platform.processor() or "unknown"
+    if "cpu family" in fields and "model" in fields:
+        return f"{fields['model name']} (family {fields['cpu family']}, model {fields['model']})"
+    return fields["model name"]
 
 
 def openblas_info():
