@@ -105,9 +105,10 @@ def test_benchmark_quick_mode_runs(tmp_path, workers):
     assert result.returncode == 0, result.stdout + result.stderr
     figures = json.loads(out.read_text())
     assert list(figures["configs"]) == ["A"] and figures["settings"]["workers"] == workers
-    # cls pooling: tinyvit's last block, one row
+    # cls pooling: tinyvit's last block computes one row, PyTorch (when installed) every row
     flops = figures["configs"]["A"]["forward_matmul_flops"]
-    assert 0 < flops["tinyvit"] < flops["torch"] == 621_314_048
+    every_row = 621_314_048
+    assert 0 < flops["tinyvit"] < every_row and flops.get("torch", every_row) == every_row
     train = figures["configs"]["A"]["tinyvit"]["train"]
     assert train["median_ms"] > 0 and train["images_per_s"] > 0
     memory = figures["configs"]["A"]["tinyvit"]["peak_memory"]["train"]
