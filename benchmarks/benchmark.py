@@ -887,7 +887,8 @@ def ratio_references(names):
     """The runners whose times (and memory) the others are divided by: the first
     tinyvit runner when there are several, and torch."""
     tinyvits = [n for n in names if n != "torch"]
-    return tinyvits[:1] * (len(tinyvits) > 1) + ["torch"] * ("torch" in names)
+    first = tinyvits[:1] if len(tinyvits) > 1 else []
+    return first + (["torch"] if "torch" in names else [])
 
 
 def ratios_to(result, name, ref):
