@@ -32,7 +32,7 @@ learns them. Augmentation shows it a new variant of each image every epoch:
 
 import math
 
-from .backend import get_default_dtype, xp
+from .backend import float_dtype, xp
 
 
 def _check_images(x, name):
@@ -147,7 +147,7 @@ def one_hot(y, num_classes, dtype=None):
             f"one_hot: labels must be in [0, {num_classes}), "
             f"got min {int(y.min())} and max {int(y.max())}"
         )
-    dtype = get_default_dtype() if dtype is None else dtype
+    dtype = float_dtype(dtype)
     return (y[:, None] == xp.arange(num_classes)[None, :]).astype(dtype)  # (B, K)
 
 
