@@ -131,18 +131,31 @@ def test_one_max_softmax_equals_the_row_max_softmax(spread):
     np.testing.assert_allclose(cpu.softmax_(scores.copy()), expected, rtol=1e-13, atol=0)
 
 
+# (in channels, kernel, stride, padding, input H x W) -> channels-last (C >= Wo)?
+CONV_LAYOUTS = {
+    (3, 3, 2, 1, (9, 8)): False,  # Wo 4
+    (5, 3, 2, 1, (9, 8)): True,
+    (8, 3, 1, 1, (9, 7)): True,  # Wo 7, overlapping windows
+    (6, (3, 2), (2, 1), (1, 0), (9, 5)): True,  # Wo 4
+    (2, 1, 1, 0, (5, 3)): False,  # Wo 3
+}
+
+
 @pytest.mark.parametrize("standardize", [False, True])
-def test_conv_in_blocks_of_one_image_equals_the_reference(standardize):
-    """Blocks of columns small enough for one image each: every image is formed,
-    multiplied and back-propagated once (float64, 1e-12)."""
+@pytest.mark.parametrize("case", CONV_LAYOUTS, ids=str)
+def test_conv_in_either_layout_and_blocks_of_one_image_equals_the_reference(case, standardize):
+    """Each layout, with blocks of columns small enough for one image each: every
+    image is formed, multiplied and back-propagated once (float64, 1e-12)."""
+    channels, kernel, stride, padding, size = case
+    layer = (channels, 4, kernel, stride, padding)
+    options = dict(weight_standardization=standardize, dtype=np.float64)
     with fast.tier("reference"):
-        reference = jitter(conv.Conv2d(3, 4, 3, 2, 1, rng=B.host_rng(0),
-                                       weight_standardization=standardize, dtype=np.float64))
-    kernel = jitter(cpu.Conv2d(3, 4, 3, 2, 1, rng=B.host_rng(0),
-                               weight_standardization=standardize, dtype=np.float64))
+        reference = jitter(conv.Conv2d(*layer, rng=B.host_rng(0), **options))
+    kernel = jitter(cpu.Conv2d(*layer, rng=B.host_rng(0), **options))
     kernel.block_bytes = 1
-    x = np.random.default_rng(0).standard_normal((4, 3, 9, 8))
-    assert len(kernel.image_blocks(np.empty((3, 4, 3, 3, 5, 4)))) == 4
-    dout = np.random.default_rng(1).standard_normal((4, 4, 5, 4))
+    x = np.random.default_rng(0).standard_normal((4, channels, *size))
+    assert kernel.channels_last(x) == CONV_LAYOUTS[case]
+    assert len(kernel.image_blocks(4, 8)) == 4
+    dout = np.random.default_rng(1).standard_normal(reference.forward(x).shape)
     for ours, theirs in zip(run(kernel, x, dout), run(reference, x, dout), strict=True):
         assert rel_err(ours, theirs) <= 1e-12

@@ -74,10 +74,11 @@ def sliding_windows(xpad, kernel, stride):
     )
 
 
-def col2im(dwindows, padded_shape, stride):
-    """The adjoint of ``sliding_windows``: dwindows (..., kh, kw, Ho, Wo) -> dxpad
-    (..., Hp, Wp), each window entry's gradient added into the pixel it was read
-    from. A pixel read by several windows (s < k) gets the sum of their gradients.
+def col2im(dwindows, dxpad, stride):
+    """The adjoint of ``sliding_windows``: adds each entry of dwindows (..., kh, kw,
+    Ho, Wo) into the pixel of dxpad (..., Hp, Wp) it was read from, and returns
+    dxpad (pass zeros for the gradient alone). A pixel read by several windows
+    (s < k) gets the sum of their gradients.
 
     A loop over the kh*kw kernel offsets, each adding a whole (..., Ho, Wo) slab at
     once: the clearest correct way (one slab's pixels are distinct, so ``+=`` on a
@@ -85,7 +86,6 @@ def col2im(dwindows, padded_shape, stride):
     """
     *_, kh, kw, Ho, Wo = dwindows.shape
     sh, sw = stride
-    dxpad = xp.zeros(padded_shape, dtype=dwindows.dtype)
     for i in range(kh):
         for j in range(kw):
             dxpad[..., i : i + sh * Ho : sh, j : j + sw * Wo : sw] += dwindows[..., i, j, :, :]
@@ -197,15 +197,19 @@ class Conv2d(Module):
         windows = sliding_windows(xpad, self.kernel_size, self.stride)  # (C, B, kh, kw, Ho, Wo)
         Ho, Wo = windows.shape[-2:]
         cols = windows.transpose(0, 2, 3, 1, 4, 5).reshape(-1, B * Ho * Wo)  # (K, M), a copy
-        w2, rstd = self.weight.data.reshape(F, -1), None  # (F, K)
-        if self.weight_standardization:
-            w2, rstd = standardize(w2, self.ws_eps)  # what (F, K), rstd (F, 1)
+        w2, rstd = self.weight_matrix()  # (F, K)
         y = w2 @ cols  # (F, M)
         if self.bias is not None:
             y += self.bias.data[:, None]
         self.cache = (cols, w2, rstd, xpad.shape) if self.training else None
         y = y.reshape(F, B, Ho, Wo).transpose(1, 0, 2, 3)  # (B, F, Ho, Wo), a view
         return xp.ascontiguousarray(y)
+
+    def weight_matrix(self):
+        """The weight as the (F, K) matrix the convolution multiplies by, and None;
+        under weight standardization, what (F, K) and its rstd (F, 1)."""
+        w2 = self.weight.data.reshape(self.out_channels, -1)
+        return standardize(w2, self.ws_eps) if self.weight_standardization else (w2, None)
 
     def backward(self, dout):
         """The forward in reverse, with dy = dout as (F, M) (the matmul's layout):
@@ -235,7 +239,7 @@ class Conv2d(Module):
         dcols = w2.T @ dy  # (K, M)
         C, (kh, kw) = self.in_channels, self.kernel_size
         dwindows = dcols.reshape(C, kh, kw, B, Ho, Wo).transpose(0, 3, 1, 2, 4, 5)
-        dxpad = col2im(dwindows, padded_shape, self.stride)  # (C, B, Hp, Wp)
+        dxpad = col2im(dwindows, xp.zeros(padded_shape, dy.dtype), self.stride)
         dx = unpad_spatial(dxpad, self.padding).transpose(1, 0, 2, 3)  # (B, C, H, W)
         return xp.ascontiguousarray(dx)
 
@@ -425,5 +429,5 @@ class MaxPool2d(Module):
         offsets = xp.arange(kh * kw)[:, None, None]  # (kh*kw, 1, 1)
         onehot = offsets == argmax[:, :, None]  # (B, C, kh*kw, Ho, Wo)
         dwindows = (onehot * dout[:, :, None]).reshape(B, C, kh, kw, Ho, Wo)
-        dxpad = col2im(dwindows, padded_shape, self.stride)  # (B, C, Hp, Wp)
+        dxpad = col2im(dwindows, xp.zeros(padded_shape, dout.dtype), self.stride)  # (B, C, Hp, Wp)
         return xp.ascontiguousarray(unpad_spatial(dxpad, self.padding))  # (B, C, H, W)

@@ -17,7 +17,8 @@ attention, the two methods that hold the softmax). What makes each faster:
 - ``Attention``: q scaled instead of the scores, a contiguous copy of k^T for the
   batched matmul, softmax shifted by one global max instead of a max per row.
 - ``Conv2d``: the im2col columns formed a block of images at a time, each block
-  multiplied while it is still in the cache.
+  multiplied while it is still in the cache, channels-last where that makes
+  their rows longer.
 
 ``tests/test_fast.py`` checks every class here against its reference.
 """
@@ -295,52 +296,84 @@ class ClassAttention(FastAttend, layers.ClassAttention):
 
 
 class Conv2d(conv.Conv2d):
-    """The reference Conv2d with its columns formed one block of images at a time.
+    """The reference Conv2d with its columns formed one block of images at a time,
+    in whichever layout gives them longer rows.
 
-    The reference forms all the columns, (K, B*Ho*Wo) with K = C*kh*kw, then
-    multiplies: at a stem's sizes they are tens of MB, so the product reads them
-    back from memory. Here each block of images holds about ``block_bytes`` of
-    columns, formed and multiplied while it is still in the cache. The cache keeps
-    the padded input, not the columns (kh*kw / stride^2 times smaller), and the
-    backward forms each block's columns again.
+    Blocks. The reference forms all the columns, then multiplies: at a stem's
+    sizes they are tens of MB, so the product reads them back from memory. Here
+    each block of images holds about ``block_bytes`` of columns, formed and
+    multiplied while it is still in the cache. The cache keeps the padded input,
+    not the columns (kh*kw / stride^2 times smaller), and the backward forms each
+    block's columns again.
+
+    Layout. Forming the columns copies, and col2im adds back, rows of values that
+    are contiguous in both arrays, and NumPy pays a fixed cost per row:
+    - channels-first, as the reference: the padded input (C, B, Hp, Wp), the
+      columns (K, b*Ho*Wo), rows of Wo pixels;
+    - channels-last: the padded input (B, Hp, Wp, C), the columns (b*Ho*Wo, K)
+      with K in (kh, kw, C) order, rows of C channels (kw*C when forming them).
+    Each call takes channels-last when C >= Wo: 32 channels on a 14x14 input at
+    stride 2 (rows of 7 pixels) run channels-last, 3 channels on 32x32 at
+    stride 1 channels-first. Channels-last, the products are the reference's
+    transposed, with the columns and the upstream gradient as rows, (b*Ho*Wo, K)
+    and dy (b*Ho*Wo, F): out = cols W2^T, dW2 = dy^T cols, dcols = dy W2.
     """
 
     block_bytes = 1 << 20
 
-    def image_blocks(self, windows):
-        """Slices of the batch axis of windows (C, B, kh, kw, Ho, Wo), each block's
-        columns about ``block_bytes``."""
-        C, B, kh, kw, Ho, Wo = windows.shape
-        per_image = C * kh * kw * Ho * Wo * windows.itemsize
-        step = max(1, self.block_bytes // per_image)
-        return [slice(start, start + step) for start in range(0, B, step)]
+    def image_blocks(self, batch, columns_per_image):
+        """Slices of the batch, each holding about ``block_bytes`` of columns."""
+        step = max(1, self.block_bytes // columns_per_image)
+        return [slice(start, start + step) for start in range(0, batch, step)]
 
     def forward(self, x):
         conv.check_image_batch(x, self.in_channels, "Conv2d")
         conv.check_fits(x, self.kernel_size, self.padding, "Conv2d")
-        B, F = x.shape[0], self.out_channels
+        channels_last = self.channels_last(x)
+        w2, rstd = self.weight_matrix()  # (F, K), K in (C, kh, kw) order
+        if channels_last:
+            y, xpad = self.forward_channels_last(x, w2)
+        else:
+            y, xpad = self.forward_channels_first(x, w2)
+        self.cache = (channels_last, xpad, w2, rstd) if self.training else None
+        return y
+
+    def channels_last(self, x):
+        """Whether x (B, C, H, W) runs channels-last: C >= Wo."""
+        (kw, pw, sw), W = (self.kernel_size[1], self.padding[1], self.stride[1]), x.shape[3]
+        return self.in_channels >= (W + 2 * pw - kw) // sw + 1
+
+    def backward(self, dout):
+        channels_last, xpad, w2, rstd = self._take_cache()
+        if channels_last:
+            dx, dw2 = self.backward_channels_last(dout, xpad, w2)
+        else:
+            dx, dw2 = self.backward_channels_first(dout, xpad, w2)
+        if rstd is not None:
+            dw2 = conv.normalize_backward(dw2, w2, rstd, axes=1)
+        self.weight.grad += dw2.reshape(self.weight.shape)
+        return dx
+
+    # channels-first: (C, B, Hp, Wp), columns (K, b*Ho*Wo)
+
+    def forward_channels_first(self, x, w2):
         xpad = conv.pad_spatial(x.transpose(1, 0, 2, 3), self.padding)  # (C, B, Hp, Wp)
         # (C, B, kh, kw, Ho, Wo), a view
         windows = conv.sliding_windows(xpad, self.kernel_size, self.stride)
-        Ho, Wo = windows.shape[-2:]
-        w2, rstd = self.weight.data.reshape(F, -1), None  # (F, K)
-        if self.weight_standardization:
-            w2, rstd = conv.standardize(w2, self.ws_eps)
-        y = xp.empty((B, F, Ho, Wo), dtype=x.dtype)
-        for images in self.image_blocks(windows):
+        C, B, kh, kw, Ho, Wo = windows.shape
+        y = xp.empty((B, self.out_channels, Ho, Wo), dtype=x.dtype)
+        for images in self.image_blocks(B, windows[:, 0].nbytes):
             out = w2 @ _columns(windows[:, images])  # (F, b*Ho*Wo)
             if self.bias is not None:
                 out += self.bias.data[:, None]
-            y[images] = out.reshape(F, -1, Ho, Wo).transpose(1, 0, 2, 3)
-        self.cache = (xpad, w2, rstd) if self.training else None
-        return y
+            y[images] = out.reshape(self.out_channels, -1, Ho, Wo).transpose(1, 0, 2, 3)
+        return y, xpad
 
-    def backward(self, dout):
-        xpad, w2, rstd = self._take_cache()
+    def backward_channels_first(self, dout, xpad, w2):
         windows = conv.sliding_windows(xpad, self.kernel_size, self.stride)
-        C, _, kh, kw, Ho, Wo = windows.shape
+        C, B, kh, kw, Ho, Wo = windows.shape
         dw2, dxpad = xp.zeros_like(w2), xp.zeros_like(xpad)
-        for images in self.image_blocks(windows):
+        for images in self.image_blocks(B, windows[:, 0].nbytes):
             cols = _columns(windows[:, images])  # (K, b*Ho*Wo), formed again
             dy = xp.ascontiguousarray(dout[images].transpose(1, 0, 2, 3))
             dy = dy.reshape(self.out_channels, -1)  # (F, b*Ho*Wo)
@@ -349,18 +382,68 @@ class Conv2d(conv.Conv2d):
             dw2 += dy @ cols.T
             dcols = w2.T @ dy  # (K, b*Ho*Wo)
             dwindows = dcols.reshape(C, kh, kw, -1, Ho, Wo).transpose(0, 3, 1, 2, 4, 5)
-            dxpad[:, images] = conv.col2im(dwindows, dxpad[:, images].shape, self.stride)
-        if rstd is not None:
-            dw2 = conv.normalize_backward(dw2, w2, rstd, axes=1)
-        self.weight.grad += dw2.reshape(self.weight.shape)
+            conv.col2im(dwindows, dxpad[:, images], self.stride)
         dx = conv.unpad_spatial(dxpad, self.padding).transpose(1, 0, 2, 3)  # (B, C, H, W)
-        return xp.ascontiguousarray(dx)
+        return xp.ascontiguousarray(dx), dw2
+
+    # channels-last: (B, Hp, Wp, C), columns (b*Ho*Wo, K) with K in (kh, kw, C) order
+
+    def forward_channels_last(self, x, w2):
+        B, C, H, W = x.shape
+        (kh, kw), (ph, pw), F = self.kernel_size, self.padding, self.out_channels
+        xpad = xp.zeros((B, H + 2 * ph, W + 2 * pw, C), dtype=x.dtype)  # (B, Hp, Wp, C)
+        windows = self.windows_channels_last(xpad)  # (B, Ho, Wo, kh, kw, C), a view
+        Ho, Wo = windows.shape[1:3]
+        w2 = _kernel_channels_last(w2, C, kh, kw)
+        y = xp.empty((B, F, Ho * Wo), dtype=x.dtype)
+        for images in self.image_blocks(B, windows[0].nbytes):
+            xpad[images, ph : ph + H, pw : pw + W] = x[images].transpose(0, 2, 3, 1)
+            out = windows[images].reshape(-1, kh * kw * C) @ w2.T  # (b*Ho*Wo, F)
+            if self.bias is not None:
+                out += self.bias.data
+            y[images] = out.reshape(-1, Ho * Wo, F).transpose(0, 2, 1)
+        return y.reshape(B, F, Ho, Wo), xpad
+
+    def backward_channels_last(self, dout, xpad, w2):
+        B, F, Ho, Wo = dout.shape
+        (kh, kw), (ph, pw), C = self.kernel_size, self.padding, self.in_channels
+        windows = self.windows_channels_last(xpad)
+        Hp, Wp = xpad.shape[1:3]
+        w2 = _kernel_channels_last(w2, C, kh, kw)
+        dw2 = xp.zeros_like(w2)
+        dx = xp.empty((B, C, Hp - 2 * ph, Wp - 2 * pw), dtype=dout.dtype)
+        for images in self.image_blocks(B, windows[0].nbytes):
+            cols = windows[images].reshape(-1, kh * kw * C)  # (b*Ho*Wo, K), formed again
+            dy = dout[images].reshape(-1, F, Ho * Wo).transpose(0, 2, 1)
+            dy = xp.ascontiguousarray(dy).reshape(-1, F)  # (b*Ho*Wo, F)
+            if self.bias is not None:
+                self.bias.grad += dy.sum(axis=0)
+            dw2 += dy.T @ cols
+            dcols = (dy @ w2).reshape(-1, Ho, Wo, kh, kw, C)
+            dxpad = xp.zeros((len(dcols), Hp, Wp, C), dtype=dout.dtype)
+            # col2im on (b, C, ...) views, so each added row is C contiguous channels
+            conv.col2im(dcols.transpose(0, 5, 3, 4, 1, 2), dxpad.transpose(0, 3, 1, 2),
+                        self.stride)
+            dx[images] = dxpad[:, ph : Hp - ph, pw : Wp - pw].transpose(0, 3, 1, 2)
+        dw2 = dw2.reshape(F, kh * kw, C).transpose(0, 2, 1)  # back to K in (C, kh, kw) order
+        return dx, dw2.reshape(F, -1)
+
+    def windows_channels_last(self, xpad):
+        """xpad (B, Hp, Wp, C) -> its windows (B, Ho, Wo, kh, kw, C), a view."""
+        windows = conv.sliding_windows(xpad.transpose(0, 3, 1, 2), self.kernel_size, self.stride)
+        return windows.transpose(0, 4, 5, 2, 3, 1)  # from (B, C, kh, kw, Ho, Wo)
 
 
 def _columns(windows):
     """im2col: windows (C, b, kh, kw, Ho, Wo) -> columns (C*kh*kw, b*Ho*Wo), a copy."""
     C, b, kh, kw, Ho, Wo = windows.shape
     return windows.transpose(0, 2, 3, 1, 4, 5).reshape(C * kh * kw, b * Ho * Wo)
+
+
+def _kernel_channels_last(w2, C, kh, kw):
+    """W2 (F, K) with K in (C, kh, kw) order -> (F, K) in (kh, kw, C) order, a copy."""
+    F = len(w2)
+    return xp.ascontiguousarray(w2.reshape(F, C, kh * kw).transpose(0, 2, 1)).reshape(F, -1)
 
 
 KERNELS = {
