@@ -23,17 +23,8 @@ each turn, as ``zero_grad(set_to_none=True)`` does in training).
 
 Runs without PyTorch too: tinyvit's columns only.
 
-Where the time goes (one core of an AMD EPYC (Zen 4), OpenBLAS SkylakeX kernels,
-batch 128), at a shape the presets do not use, 16x16x128 -> 128, 3x3, stride 1: the
-three matmuls (forward, dW, dcols: 29 GFLOP) take about 360 ms at the 75-85
-GFLOP/s OpenBLAS reaches on these (128 x 1152) by (1152 x 32768) shapes, while
-torch's whole forward and backward (oneDNN's direct convolution, not im2col) took
-260-285 ms; the im2col copy (~25 ms) and col2im (~45 ms, rows of only 16 pixels)
-come on top, so that shape ran 1.75x torch's time. The matmul orientation was
-measured too: with channels-last columns (B*Ho*Wo, kh*kw*C) OpenBLAS ran the same
-products at 85-92 GFLOP/s, but the transposes between (B, C, H, W) and
-(B, H, W, C) cost more than that saved on every other shape (and that one then
-reached 1.65x).
+The figures on several processors, the choice of layout (channels-first or
+channels-last) and where the time goes: docs/performance.md.
 """
 
 import argparse
