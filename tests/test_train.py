@@ -8,6 +8,7 @@ tiny ViT learns it in a few steps. One smoke test uses the real MNIST files when
 
 import json
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -332,6 +333,21 @@ def test_a_diverging_run_stops_and_keeps_its_checkpoints(stripes, tmp_path, monk
     assert train_mnist.main(["--resume", str(out)]) == 0
     _, _, meta = load_checkpoint(out / "last.npz")
     assert (meta["epoch"], meta["global_step"]) == (3, 30)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_an_overflowing_run_stops_in_one_line_without_numpy_warnings(stripes, tmp_path, capsys,
+                                                                     workers):
+    """A learning rate far too high: float32 overflows, and the divergence check says so
+    instead of NumPy's RuntimeWarnings (made errors here, so one would fail the run)."""
+    args = ["--data-dir", str(stripes), "--out", str(tmp_path), "--epochs", "3", "--embed-dim",
+            "16", "--depth", "1", "--num-heads", "2", "--batch-size", "32", "--lr", "1e30",
+            "--workers", str(workers)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        assert train_mnist.main(args) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("train_mnist.py: error: training diverged at epoch 1, step ")
 
 
 def test_bad_config_values_are_named():

@@ -12,7 +12,7 @@ for gradient checks).
 """
 
 import os
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import numpy
 
@@ -160,6 +160,13 @@ def host_rng(seed):
     """A seeded NumPy generator on the host, whatever the backend (for weight init
     and data order, so a seed means the same thing on NumPy and on CuPy)."""
     return numpy.random.default_rng(seed)
+
+
+def quiet_overflow():
+    """A context in which NumPy does not warn of overflow or invalid values (inf,
+    nan): for the training step, where the divergence check reports them in one line
+    instead. CuPy never warns, so there it does nothing."""
+    return numpy.errstate(over="ignore", invalid="ignore") if _active is numpy else nullcontext()
 
 
 def synchronize():

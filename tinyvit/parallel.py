@@ -35,7 +35,7 @@ import signal
 import traceback
 
 from .allocator import keep_freed_memory
-from .backend import default_dtype, on_cpu, xp
+from .backend import default_dtype, on_cpu, quiet_overflow, xp
 from .fast import reference_on, use_reference
 from .loss import SoftmaxCrossEntropy, loss_and_gradients
 from .model import ViT
@@ -226,8 +226,9 @@ def _worker(rank, config, dtype, reference, arrays, pipe):
                 shared["logits"][lo:hi] = model.forward(x)
                 pipe.send(("ok", None))
                 continue
-            loss, logits = loss_and_gradients(model, criterion, x, shared["targets"][lo:hi],
-                                              (*_as_tuple(seed), rank))
+            with quiet_overflow():  # as Trainer.step: the divergence check reports it
+                loss, logits = loss_and_gradients(model, criterion, x, shared["targets"][lo:hi],
+                                                  (*_as_tuple(seed), rank))
             shared["grads"][rank] = grad
             shared["worker_buffers"][rank] = buffers
             shared["logits"][lo:hi] = logits

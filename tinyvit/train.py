@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from . import augment as aug
 from . import plot
-from .backend import get_backend, host_rng, set_backend, to_device, to_host, xp
+from .backend import get_backend, host_rng, quiet_overflow, set_backend, to_device, to_host, xp
 from .backend import rng as device_rng
 from .checkpoint import atomic_write, load_checkpoint, save_checkpoint
 from .checks import check_fields
@@ -185,20 +185,21 @@ class Trainer:
         scalars, so nothing waits for the host (the workers' loss is a host float
         already)."""
         x, target = self.mix(x, y, seed + (1,))
-        if self.parallel is None:
-            loss, logits = loss_and_gradients(self.model, self.criterion, x, target, seed)
-        else:  # the same, over the workers: their targets are distributions
-            self.criterion.check_target(target, len(x), self.num_classes)
-            targets = self.criterion.targets(target, self.num_classes, x.dtype)
-            loss, logits = self.parallel.gradients(x, targets, seed)
-        grad = self.optimizer.grad
-        if self.trainable is not None:
-            grad *= self.trainable
-        if self.config.clip_grad:
-            norm = clip_grad_norm(grad, self.config.clip_grad)
-        else:
-            norm = grad_norm(grad)
-        self.optimizer.step(lr)
+        with quiet_overflow():  # a value that overflows shows in the loss or the norm
+            if self.parallel is None:
+                loss, logits = loss_and_gradients(self.model, self.criterion, x, target, seed)
+            else:  # the same, over the workers: their targets are distributions
+                self.criterion.check_target(target, len(x), self.num_classes)
+                targets = self.criterion.targets(target, self.num_classes, x.dtype)
+                loss, logits = self.parallel.gradients(x, targets, seed)
+            grad = self.optimizer.grad
+            if self.trainable is not None:
+                grad *= self.trainable
+            if self.config.clip_grad:
+                norm = clip_grad_norm(grad, self.config.clip_grad)
+            else:
+                norm = grad_norm(grad)
+            self.optimizer.step(lr)
         return loss, (logits.argmax(axis=1) == y).sum(), norm
 
     def evaluator(self):
