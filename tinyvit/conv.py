@@ -21,7 +21,8 @@ channels-first, (C, B, Hp, Wp) for the padded input and (C*kh*kw, B*Ho*Wo) for
 the columns (as CS231n's fast convolution): the copies between it and the
 (B, C, H, W) layout of the arrays outside move whole H x W planes, where a
 channels-last layout (B, H, W, C) would transpose every pixel, and its rows of
-columns are runs of Wo contiguous values.
+columns are runs of Wo contiguous values. (The fast tier's Conv2d,
+``tinyvit/fast/cpu.py``, goes channels-last where runs of C channels are longer.)
 """
 
 import math
