@@ -19,7 +19,9 @@ Each round times tinyvit once and torch once, their order alternating round by
 round, each turn after one untimed forward and backward (the first call after
 the other framework's turn runs slow). tinyvit's backward accumulates into
 gradients that exist already; torch's allocates them (its ``.grad`` is reset
-each turn, as ``zero_grad(set_to_none=True)`` does in training).
+each turn, as ``zero_grad(set_to_none=True)`` does in training). The layout
+column says how tinyvit's Conv2d ran the shape: the fast tier goes channels-last
+where the input has at least as many channels as the output is wide.
 
 Runs without PyTorch too: tinyvit's columns only.
 
@@ -154,7 +156,16 @@ def time_shape(shape, batch, rounds):
             run()  # untimed: the first call after the other framework's turn
             forward, backward, _ = run()
             times[name].append((forward, backward))
-    return {name: summarize(t) for name, t in times.items()}
+    result = {name: summarize(t) for name, t in times.items()}
+    result["tinyvit"]["layout"] = layout(ours, x)
+    return result
+
+
+def layout(conv, x):
+    """The layout the convolution runs x in: the fast tier chooses per call; the
+    reference is channels-first."""
+    channels_last = getattr(conv, "channels_last", None)
+    return "channels-last" if channels_last and channels_last(x) else "channels-first"
 
 
 def summarize(times):
@@ -171,13 +182,14 @@ def describe(shape):
 
 
 def print_table(results):
-    header = ["shape (batch {})".format(ARGS.batch), "tinyvit fwd", "bwd", "total"]
+    header = ["shape (batch {})".format(ARGS.batch), "layout", "tinyvit fwd", "bwd", "total"]
     if torch:
         header += ["torch fwd", "bwd", "total", "ratio"]
     rows = []
     for label, result in results.items():
         ours = result["tinyvit"]
-        row = [label] + [f"{ours[k]:.1f}" for k in ("forward_ms", "backward_ms", "total_ms")]
+        row = [label, ours["layout"]]
+        row += [f"{ours[k]:.1f}" for k in ("forward_ms", "backward_ms", "total_ms")]
         if torch:
             theirs = result["torch"]
             row += [f"{theirs[k]:.1f}" for k in ("forward_ms", "backward_ms", "total_ms")]
