@@ -19,9 +19,8 @@ from pathlib import Path
 
 from tinyvit.allocator import keep_freed_memory
 from tinyvit.backend import BackendError
-from tinyvit.checkpoint import CheckpointError
 from tinyvit.data import DatasetError
-from tinyvit.parallel import MAX_AUTO_WORKERS, auto_workers
+from tinyvit.files import NoSpaceError
 from tinyvit.train import (
     TrainConfig,
     TrainingDiverged,
@@ -31,40 +30,39 @@ from tinyvit.train import (
     make_batches,
     predict,
 )
+from tinyvit.train.parallel import MAX_AUTO_WORKERS, auto_workers
+from tinyvit.weights import CheckpointError
 
 # Tested recipes: what each sets on top of TrainConfig's defaults, which are the
 # MNIST recipe (preset "mnist": patch 7, dim 64, depth 4; 18 epochs, AdamW peak
-# 3e-3, random shift 1, label smoothing 0.1). The README gives their figures.
+# 3e-3, random shift 1, label smoothing 0.1). What each reached, with its command,
+# processor and date, is in docs/results.md.
 RECIPES = {
     "mnist": dict(dataset="mnist"),
     "mnist-long": dict(dataset="mnist", model_overrides={"patch_size": 4}, epochs=40, lr=3e-3,
                        max_shift=2),
-    # 91% at epoch 21, 91.28% at the end (1666 s) on an AMD EPYC (Zen 3), 2 worker processes
     "fashion-mnist": dict(dataset="fashion-mnist",
                           model_overrides={"patch_size": 4, "num_heads": 2, "pool": "mean"},
                           epochs=24, batch_size=32, lr=2e-3, max_shift=1, flip=True),
-    # the cifar10 preset at dim 128 with 4 heads (811,146 parameters), mean-pooled; on an AMD
-    # EPYC (Zen 3), 2 worker processes: 80.43% at 6262 s with seed 0, 80.28% at 6486 s with
-    # --seed 1;
-    # over 27 epochs it ended at 80.52% and 80.05% with seed 0 and at 79.90% with seed 1
+    # the cifar10 preset at dim 128 with 4 heads (811,146 parameters), mean-pooled
     "cifar10": dict(dataset="cifar10", model="cifar10",
                     model_overrides={"embed_dim": 128, "num_heads": 4, "pool": "mean"},
                     epochs=28, eval_every=5, lr=1e-3, warmup_epochs=2, max_shift=4, flip=True),
     # one GPU with CuPy (and CUPY_TF32=1): ViT-Lite-7/4 of the CCT paper (3,722,250 parameters),
-    # mean-pooled, mixup or cutmix on every batch, random erasing; 88.52% at 924 s on an H200
+    # mean-pooled, mixup or cutmix on every batch, random erasing
     "cifar10-gpu": dict(dataset="cifar10", model="cifar10", backend="cupy",
                         model_overrides={"embed_dim": 256, "depth": 7, "num_heads": 4,
                                          "pool": "mean"},
                         epochs=125, batch_size=256, eval_every=10, lr=1e-3, warmup_epochs=5,
                         max_shift=4, flip=True, erasing=0.25, mixup=0.8, cutmix=1.0),
-    # hybrids (a convolutional stem, tinyvit/hybrid.py), each in a wall-clock budget: the
+    # hybrids (a convolutional stem, tinyvit/models/hybrid.py), each in a wall-clock budget: the
     # epochs are planned after the first so that the run ends within it on any processor
     "mnist-hybrid": dict(dataset="mnist", model="mnist_hybrid", budget=10, max_shift=2),
     "fashion-mnist-hybrid": dict(dataset="fashion-mnist", model="fashion_mnist_hybrid", budget=30,
                                  max_shift=2, flip=True),
     "cifar10-hybrid": dict(dataset="cifar10", model="cifar10_hybrid", budget=120, eval_every=5,
                            lr=2e-3, warmup_epochs=2, max_shift=4, flip=True),
-    # one GPU with CuPy (and CUPY_TF32=1): no run recorded
+    # one GPU with CuPy (and CUPY_TF32=1)
     "cifar10-hybrid-gpu": dict(dataset="cifar10", model="cifar10_hybrid_gpu", backend="cupy",
                                budget=15, batch_size=256, eval_every=10, lr=1e-3, warmup_epochs=5,
                                max_shift=4, flip=True, erasing=0.25, mixup=0.8, cutmix=1.0),
@@ -93,6 +91,9 @@ def parse_args(argv):
     p.add_argument("--workers", type=int,
                    help="processes sharing each batch on NumPy (default: one per "
                         f"CPU core, at most {MAX_AUTO_WORKERS}; 1 on cupy)")
+    p.add_argument("--reference", dest="tier", action="store_const", const="reference",
+                   help="train the reference layers of tinyvit/nn as written, not the fast "
+                        "kernels of tinyvit/fast (slower)")
     g = p.add_argument_group("model (a preset, then any field)")
     g.add_argument("--model", help="preset: mnist, cifar10, mnist_hybrid, cifar10_hybrid, "
                                    "vit_tiny_patch16_224, ...")
@@ -212,10 +213,10 @@ def main(argv=None):
     keep_freed_memory()  # this process is ours: reuse freed arrays' pages (tinyvit/allocator.py)
     try:
         run(args, mode, config)
-    except (DatasetError, CheckpointError, FileNotFoundError, BackendError,
-            TrainingDiverged) as error:
-        # not a bug: a file it was given, a backend not installed here, or a learning
-        # rate too high for the run
+    except (DatasetError, CheckpointError, FileNotFoundError, BackendError, TrainingDiverged,
+            NoSpaceError) as error:
+        # not a bug: a file it was given, a backend not installed here, a learning rate
+        # too high for the run, or a full disk
         print(f"train_mnist.py: error: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:  # a training run has saved last.npz by now

@@ -119,6 +119,7 @@ import argparse
 import dataclasses
 import gc
 import importlib
+import importlib.util
 import json
 import os
 import platform
@@ -127,6 +128,7 @@ import statistics
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -135,13 +137,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # torch_reference.py lives with the tests
 
 import tinyvit  # noqa: E402
-import tinyvit.fast  # noqa: E402
 from tinyvit import allocator, backend  # noqa: E402
-from tinyvit.layers import ClassAttentionBlock  # noqa: E402
-from tinyvit.loss import SoftmaxCrossEntropy, loss_and_gradients  # noqa: E402
-from tinyvit.model import ViT, ViTConfig  # noqa: E402
-from tinyvit.optim import AdamW  # noqa: E402
-from tinyvit.parallel import DataParallel  # noqa: E402
+from tinyvit.fast import accelerate  # noqa: E402
+from tinyvit.models import ViT, ViTConfig  # noqa: E402
+from tinyvit.nn.layers import ClassAttentionBlock  # noqa: E402
+from tinyvit.nn.loss import SoftmaxCrossEntropy  # noqa: E402
+from tinyvit.nn.optim import AdamW  # noqa: E402
+from tinyvit.train.gradients import loss_and_gradients  # noqa: E402
+from tinyvit.train.parallel import DataParallel  # noqa: E402
 
 try:
     import torch
@@ -354,8 +357,9 @@ class TinyvitRunner:
 
     def __init__(self, config, images, labels, workers=1, tier="fast"):
         self.tier, self.name = tier, RUNNER_NAMES[tier]
-        with tinyvit.fast.tier(tier):  # a layer's tier is fixed when it is built
-            self.model = ViT(config, seed=0, dtype=np.float32)
+        self.model = ViT(config, seed=0, dtype=np.float32)
+        if tier == "fast":
+            accelerate(self.model)
         self.x, self.y = backend.to_device(images), backend.to_device(labels)
         self.loss_fn = SoftmaxCrossEntropy(label_smoothing=LABEL_SMOOTHING)
         self.optimizer = None
@@ -367,9 +371,8 @@ class TinyvitRunner:
 
     def start_workers(self):
         """With ``workers > 1``, start them (once)."""
-        if self.workers > 1 and self.parallel is None:
-            with tinyvit.fast.tier(self.tier):  # DataParallel hands the tier on to its workers
-                self.parallel = DataParallel(self.model, self.workers, len(self.x)).__enter__()
+        if self.workers > 1 and self.parallel is None:  # the workers run the model's tier
+            self.parallel = DataParallel(self.model, self.workers, len(self.x)).__enter__()
             self.targets = self.loss_fn.targets(self.y, self.model.config.num_classes, self.x.dtype)
 
     def prepare_training(self):
@@ -566,7 +569,7 @@ class BaselineRunner:
         self.name = f"tinyvit@{label}"
         self.training, self.last_loss = True, None
         env = {**os.environ, "OPENBLAS_NUM_THREADS": str(blas_threads())}  # this process's count
-        env.pop("TINYVIT_REFERENCE", None)  # the baseline builds its default layers
+        env.pop("TINYVIT_REFERENCE", None)  # a tree that reads it builds its default layers
         command = [sys.executable, __file__, "--baseline-worker", str(root),
                    "--configs", config_name, "--batch", str(batch)]
         self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -617,20 +620,35 @@ class BaselineRunner:
             self.process.wait()
 
 
+# where a source tree keeps what the baseline builds: the ViT and its config, the loss,
+# AdamW and loss_and_gradients; the packages by layer, then the flat package before them
+BASELINE_LAYOUTS = (
+    {"model": "tinyvit.models", "loss": "tinyvit.nn.loss", "optim": "tinyvit.nn.optim",
+     "gradients": "tinyvit.train.gradients"},
+    {"model": "tinyvit.model", "loss": "tinyvit.loss", "optim": "tinyvit.optim",
+     "gradients": "tinyvit.loss"},
+)
+
+
 def import_baseline(root):
-    """The tinyvit package of the source tree ``root``, in place of this tree's,
-    with its model, loss and optim modules (only the baseline's child calls this:
-    afterwards ``import tinyvit`` means the baseline's)."""
+    """The modules of the source tree ``root`` that the baseline builds from
+    (``BASELINE_LAYOUTS``), in place of this tree's, and the tree's ``fast``
+    package (only the baseline's child calls this: afterwards ``import tinyvit``
+    means the baseline's)."""
     for name in [m for m in sys.modules if m == "tinyvit" or m.startswith("tinyvit.")]:
         del sys.modules[name]  # this tree's, imported at the top of the script
     sys.path.insert(0, str(root))
-    for module in ("model", "loss", "optim"):
-        importlib.import_module(f"tinyvit.{module}")
-    package = sys.modules["tinyvit"]
+    package = importlib.import_module("tinyvit")
     found, expected = Path(package.__file__).resolve().parent, (Path(root) / "tinyvit").resolve()
     if found != expected:
         raise RuntimeError(f"--baseline: expected tinyvit imported from {expected}, got {found}")
-    return package
+    layout = next((layout for layout in BASELINE_LAYOUTS
+                   if importlib.util.find_spec(layout["model"]) is not None), None)
+    if layout is None:
+        raise RuntimeError(f"--baseline: {root} keeps its ViT in none of "
+                           f"{', '.join(layout['model'] for layout in BASELINE_LAYOUTS)}")
+    modules = {role: importlib.import_module(name) for role, name in layout.items()}
+    return types.SimpleNamespace(**modules, fast=importlib.import_module("tinyvit.fast"))
 
 
 def baseline_config(config_class, config):
@@ -649,10 +667,12 @@ class BaselineSteps:
     def __init__(self, package, config, batch):
         self.model = package.model.ViT(baseline_config(package.model.ViTConfig, config), seed=0,
                                        dtype=np.float32)
+        if hasattr(package.fast, "accelerate"):  # a tree whose models start as reference layers
+            package.fast.accelerate(self.model)
         self.x, self.y = make_batch(config, batch)
         self.loss_fn = package.loss.SoftmaxCrossEntropy(label_smoothing=LABEL_SMOOTHING)
         self.optimizer = package.optim.AdamW(self.model, lr=LR, weight_decay=WEIGHT_DECAY)
-        self.loss_and_gradients = package.loss.loss_and_gradients
+        self.loss_and_gradients = package.gradients.loss_and_gradients
         self.last_loss = None
 
     def set_training(self, mode):

@@ -59,9 +59,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from benchmark import openblas_info, processor_model  # noqa: E402
 
 from tinyvit import allocator, backend  # noqa: E402
-from tinyvit.conv import Conv2d  # noqa: E402
-from tinyvit.hybrid import stem_output_size  # noqa: E402
-from tinyvit.model import PRESETS  # noqa: E402
+from tinyvit.fast import accelerate  # noqa: E402
+from tinyvit.models import PRESETS  # noqa: E402
+from tinyvit.models.config import stem_output_size  # noqa: E402
+from tinyvit.nn.conv import Conv2d  # noqa: E402
 
 
 def stem_shapes():
@@ -95,7 +96,7 @@ def make_case(shape, batch):
     """The two convolutions with equal weights, the input and the upstream gradient."""
     C, size, F, k, s, p = shape
     rng = backend.host_rng(0)
-    ours = Conv2d(C, F, k, s, p, rng=rng, dtype=np.float32)
+    ours = accelerate(Conv2d(C, F, k, s, p, rng=rng, dtype=np.float32))
     x = rng.standard_normal((batch, C, size, size), dtype=np.float32)
     Ho = (size + 2 * p - k) // s + 1
     dout = rng.standard_normal((batch, F, Ho, Ho), dtype=np.float32)

@@ -29,12 +29,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # train_mnist.py's RECIPES
 
 import train_mnist  # noqa: E402
-from tinyvit import allocator, augment, backend, conv, fast, hybrid, layers, loss, model, module  # noqa: E402
-from tinyvit.data import dataset_info  # noqa: E402
-from tinyvit.train import Trainer, training_batches  # noqa: E402
+from tinyvit import allocator, backend, fast  # noqa: E402
+from tinyvit.data import augment, dataset_info  # noqa: E402
+from tinyvit.models import hybrid, vit  # noqa: E402
+from tinyvit.nn import conv, layers, loss, module  # noqa: E402
+from tinyvit.train import build_model  # noqa: E402
+from tinyvit.train.build import training_batches  # noqa: E402
+from tinyvit.train.step import Trainer  # noqa: E402
 
 # every layer class (each Module subclass defined in these modules), the loss included
-LAYERS = [cls for source in (module, layers, conv, hybrid, model, loss)
+LAYERS = [cls for source in (module, layers, conv, hybrid, vit, loss)
           for cls in vars(source).values()
           if isinstance(cls, type) and issubclass(cls, module.Module) and cls is not module.Module
           and cls.__module__ == source.__name__]
@@ -100,7 +104,7 @@ def make_trainer(args):
     config = dataclasses.replace(recipe, backend="cupy" if args.gpu else "numpy",
                                  batch_size=args.batch or recipe.batch_size)
     backend.set_backend(config.backend)
-    return Trainer(config)
+    return Trainer(config, build_model(config)[0])
 
 
 def make_batches(config, count):

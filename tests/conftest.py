@@ -2,8 +2,9 @@
 
 Fixtures: ``backend`` runs a test once per array backend (the CuPy run is marked
 ``gpu`` and skipped unless CuPy imports and sees a GPU, so the same test body
-checks both backends); ``tier`` runs it once per tier of layers (the reference,
-and the fast kernels of the active backend); ``stripes`` writes a small
+checks both backends); ``tier`` runs it once per tier of layers: the test passes
+what it builds through ``tier(...)``, which returns it as built (the reference
+layers) or with the fast kernels of the active backend; ``stripes`` writes a small
 synthetic dataset in MNIST's official file layout.
 
 Helpers, imported by the test files with ``from conftest import ...``: random
@@ -54,9 +55,8 @@ def backend(request):
 
 @pytest.fixture(params=["reference", "fast"])
 def tier(request):
-    """Build the test's layers from one tier, then restore the previous one."""
-    with fast.tier(request.param):
-        yield request.param
+    """``tier(module)``: the module as built, or with its fast kernels."""
+    return fast.accelerate if request.param == "fast" else (lambda module: module)
 
 
 # --------------------------------------------------------------------------- dataset files

@@ -10,8 +10,8 @@ import math
 import numpy as np
 import pytest
 
-from tinyvit import augment as A
 from tinyvit import backend as B
+from tinyvit.data import augment as A
 
 
 def images(shape, dtype="float64", seed=0):

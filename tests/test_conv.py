@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from tinyvit import backend as B
-from tinyvit.conv import (
+from tinyvit.gradcheck import gradient_check
+from tinyvit.nn.conv import (
     BatchNorm2d,
     Conv2d,
     GroupNorm,
@@ -22,7 +23,6 @@ from tinyvit.conv import (
     col2im,
     sliding_windows,
 )
-from tinyvit.gradcheck import gradient_check
 
 TOL = 1e-7
 

@@ -20,7 +20,7 @@ import pytest
 from conftest import MNIST_FILES, patch_info, sha256, write_idx
 from tinyvit import backend as B
 from tinyvit import data
-from tinyvit.data import Batches, DatasetError, load_dataset
+from tinyvit.data import Batches, DatasetError, fetch, load_dataset, readers
 
 CIFAR_RECORDS = 4  # records per batch file in the small CIFAR files written here
 
@@ -108,7 +108,7 @@ def no_network(monkeypatch):
     def urlopen(*args, **kwargs):
         raise AssertionError("tried to download")
 
-    monkeypatch.setattr(data.urllib.request, "urlopen", urlopen)
+    monkeypatch.setattr(fetch.urllib.request, "urlopen", urlopen)
 
 
 # --------------------------------------------------------------------------- registry
@@ -416,7 +416,7 @@ def test_unpickler_refuses_code(tmp_path, small_cifar):
     evil = pickle.dumps({b"data": RunsAShellCommand(f"touch {marker}"), b"labels": []}, protocol=4)
     with pytest.raises(pickle.UnpicklingError,
                        match=r"refusing to load global (posix|os|nt)\.system"):
-        data.RestrictedUnpickler(io.BytesIO(evil), encoding="bytes").load()
+        readers.RestrictedUnpickler(io.BytesIO(evil), encoding="bytes").load()
     (tmp_path / "test_batch").write_bytes(evil)
     with pytest.raises(DatasetError,
                        match=r"test_batch: cannot unpickle: refusing to load global .*system"):
@@ -426,7 +426,7 @@ def test_unpickler_refuses_code(tmp_path, small_cifar):
 
 def test_unpickler_reads_numpy_arrays():
     array = np.arange(12, dtype=np.uint8).reshape(3, 4)
-    loaded = data.RestrictedUnpickler(io.BytesIO(pickle.dumps({b"a": array})),
+    loaded = readers.RestrictedUnpickler(io.BytesIO(pickle.dumps({b"a": array})),
                                       encoding="bytes").load()
     np.testing.assert_array_equal(loaded[b"a"], array)
 

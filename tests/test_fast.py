@@ -11,10 +11,13 @@ import math
 import numpy as np
 import pytest
 
+import tinyvit
 from conftest import jitter, randn
 from tinyvit import backend as B
-from tinyvit import conv, fast, layers
+from tinyvit import fast
 from tinyvit.fast import cpu
+from tinyvit.gradcheck import gradient_check
+from tinyvit.nn import conv, layers
 
 TOLERANCE = {np.float64: 1e-12, np.float32: 1e-5}
 
@@ -41,9 +44,8 @@ def rel_err(ours, reference):
 
 def build(cls, tier_name, dtype):
     make, _ = CASES[cls]
-    with fast.tier(tier_name):
-        layer = jitter(make())
-    return layer.astype(dtype)
+    layer = jitter(make()).astype(dtype)
+    return fast.accelerate(layer) if tier_name == "fast" else layer
 
 
 def run(layer, x, dout):
@@ -128,7 +130,7 @@ def test_one_max_softmax_equals_the_row_max_softmax(spread):
     scores[0, 0] -= spread
     expected = np.exp(scores - scores.max(-1, keepdims=True))
     expected /= expected.sum(-1, keepdims=True)
-    np.testing.assert_allclose(cpu.softmax_(scores.copy()), expected, rtol=1e-13, atol=0)
+    np.testing.assert_allclose(cpu.softmax_inplace(scores.copy()), expected, rtol=1e-13, atol=0)
 
 
 # (in channels, kernel, stride, padding, input H x W) -> channels-last (C >= Wo)?
@@ -149,8 +151,7 @@ def test_conv_in_either_layout_and_blocks_of_one_image_equals_the_reference(case
     channels, kernel, stride, padding, size = case
     layer = (channels, 4, kernel, stride, padding)
     options = dict(weight_standardization=standardize, dtype=np.float64)
-    with fast.tier("reference"):
-        reference = jitter(conv.Conv2d(*layer, rng=B.host_rng(0), **options))
+    reference = jitter(conv.Conv2d(*layer, rng=B.host_rng(0), **options))
     kernel = jitter(cpu.Conv2d(*layer, rng=B.host_rng(0), **options))
     kernel.block_bytes = 1
     x = np.random.default_rng(0).standard_normal((4, channels, *size))
@@ -159,3 +160,59 @@ def test_conv_in_either_layout_and_blocks_of_one_image_equals_the_reference(case
     dout = np.random.default_rng(1).standard_normal(reference.forward(x).shape)
     for ours, theirs in zip(run(kernel, x, dout), run(reference, x, dout), strict=True):
         assert rel_err(ours, theirs) <= 1e-12
+
+
+# --------------------------------------------------------------------------- accelerate
+
+
+def test_a_layer_is_what_its_class_says(backend):
+    layer = layers.Attention(8, 2, rng=B.host_rng(0))
+    assert type(layer) is layers.Attention and layer.tier == "reference"
+    assert repr(layer.qkv) == "Linear(216 parameters; reference tinyvit.nn.layers.Linear)"
+
+
+@pytest.mark.parametrize("fields", [{}, {"pool": "mean", "stem": ((4, 3, 2),), "patch_size": 1}])
+def test_accelerate_swaps_the_layers_and_computes_the_same(backend, fields):
+    """The class of every layer with a kernel changes, nothing else: the same
+    Parameter objects, the same names, the same logits and gradients (1e-12)."""
+    config = {**dict(image_size=8, patch_size=4, in_channels=2, num_classes=3, embed_dim=8,
+                     depth=2, num_heads=2), **fields}
+    reference = jitter(tinyvit.ViT(**config))
+    model = jitter(tinyvit.ViT(**config))
+    parameters = dict(model.named_parameters())
+    assert fast.accelerate(model) is model
+    assert dict(model.named_parameters()) == parameters  # the same objects
+    kernels = fast.kernels()
+    for (name, ours), (_, theirs) in zip(model.named_modules(), reference.named_modules()):
+        assert type(ours) is kernels.get(type(theirs), type(theirs)), name
+        assert ours.tier == ("fast" if type(theirs) in kernels else "reference"), name
+    assert "fast kernels of tinyvit.fast." in model.describe_tier()
+    assert reference.describe_tier() == "reference layers (tinyvit.nn)"
+    assert "fast tinyvit.fast." in repr(model.head)
+    x = randn(2, 2, 8, 8)
+    dlogits = randn(2, 3, seed=1)
+    for ours, theirs in zip(run(model, x, dlogits), run(reference, x, dlogits), strict=True):
+        assert rel_err(ours, theirs) <= 1e-12
+
+
+def _attend_backward_with_half_dk(self, dctx):
+    dq, dk, dv = REFERENCE_ATTEND_BACKWARD(self, dctx)
+    return dq, dk * 0.5, dv
+
+
+REFERENCE_ATTEND_BACKWARD = layers.Attention.attend_backward
+
+
+def test_an_edited_reference_backward_is_what_runs_and_is_checked(backend, monkeypatch):
+    """A learner's edit of tinyvit/nn/layers.py (here a halved key gradient) shows in
+    the README's gradient-check snippet and in a model built as the README builds one."""
+    layer = layers.Attention(dim=8, num_heads=2, rng=B.host_rng(0))
+    x = B.rng(1).standard_normal((2, 5, 8))
+    assert gradient_check(layer, x).max_rel_err < 1e-7
+    monkeypatch.setattr(layers.Attention, "attend_backward", _attend_backward_with_half_dk)
+    with pytest.raises(AssertionError, match="gradient check failed"):
+        gradient_check(layer, x).assert_ok(tol=1e-7)
+    model = tinyvit.create_model("mnist", image_size=8, patch_size=4, embed_dim=8, depth=2,
+                                 num_heads=2)
+    with pytest.raises(AssertionError, match="blocks.0.attn.qkv.weight"):
+        gradient_check(model, randn(2, 1, 8, 8)).assert_ok(tol=1e-7)

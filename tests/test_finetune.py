@@ -14,20 +14,21 @@ from PIL import Image
 import train_mnist
 from conftest import stripe_images, tiny_config
 from tinyvit import backend as B
-from tinyvit.checkpoint import load_checkpoint
-from tinyvit.data import linear_interpolation_matrix, resize_images
-from tinyvit.functional import softmax
+from tinyvit.nn.functional import softmax
+from tinyvit.nn.resample import interpolation_matrix, resize_images
 from tinyvit.train import TrainConfig, build_model, fit, load_trained, predict
+from tinyvit.weights import save_model
+from tinyvit.weights.checkpoint import load_checkpoint
 
 # --------------------------------------------------------------------------- resizing images
 
 
 def test_linear_interpolation_matrix_rows_and_identity(backend):
-    W = B.to_host(linear_interpolation_matrix(28, 42))
+    W = B.to_host(interpolation_matrix(28, 42, "linear"))
     assert W.shape == (42, 28)
     np.testing.assert_allclose(W.sum(axis=1), 1.0, rtol=0, atol=1e-15)
     assert ((W > 0).sum(axis=1) <= 2).all()  # two taps at most
-    np.testing.assert_array_equal(B.to_host(linear_interpolation_matrix(7, 7)), np.eye(7))
+    np.testing.assert_array_equal(B.to_host(interpolation_matrix(7, 7, "linear")), np.eye(7))
 
 
 def test_resize_keeps_a_linear_ramp_linear_inside(backend):
@@ -86,7 +87,7 @@ def test_reset_head_or_new_classes_start_from_a_zero_head(stripes, pretrained_ru
     small.head.weight.data = small.head.weight.data[:4]
     small.head.bias.data = small.head.bias.data[:4]
     small.config.num_classes = 4
-    small.save(tmp_path / "four.npz")
+    save_model(small, tmp_path / "four.npz")
     config = tiny_config(stripes, tmp_path / "c", init=str(tmp_path / "four.npz"))
     model, notes = build_model(config)
     assert model.head.weight.shape == (10, 16) and not B.to_host(model.head.weight.data).any()
@@ -174,11 +175,11 @@ def test_a_resumed_budgeted_run_keeps_its_plan(stripes, tmp_path, monkeypatch):
 
 
 class FakeClock:
-    """``time.perf_counter`` of tinyvit.train, advanced by each training step and
+    """``time.perf_counter`` of tinyvit.train.loop, advanced by each training step and
     each evaluation by set amounts."""
 
     def __init__(self, monkeypatch):
-        import tinyvit.train as train
+        import tinyvit.train.loop as train
 
         self.now, self.step_seconds, self.eval_seconds = 0.0, 0.0, 0.0
         self.steps, self.slower_after = 0, None  # (steps, seconds per step after them)

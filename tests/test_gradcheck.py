@@ -4,9 +4,9 @@ import subprocess
 import sys
 
 from tinyvit import backend as B
-from tinyvit import layers
 from tinyvit.gradcheck import __main__ as command
 from tinyvit.gradcheck import randn
+from tinyvit.nn import layers
 
 
 class BrokenLinear(layers.Linear):

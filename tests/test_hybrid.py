@@ -11,9 +11,12 @@ import tinyvit
 from conftest import jitter, randn
 from tinyvit import backend as B
 from tinyvit.gradcheck import gradient_check
-from tinyvit.hybrid import ConvStem, HybridEmbed, stem_output_size
-from tinyvit.model import ViT, ViTConfig
-from tinyvit.parallel import DataParallel
+from tinyvit.models import ViT, ViTConfig
+from tinyvit.models.config import stem_output_size
+from tinyvit.models.hybrid import ConvStem, HybridEmbed
+from tinyvit.models.summary import flops_per_image
+from tinyvit.train.parallel import DataParallel
+from tinyvit.weights import load_model, save_model
 
 TOL = 1e-7
 TINY = dict(image_size=12, patch_size=1, in_channels=2, num_classes=3, embed_dim=8, depth=2,
@@ -54,7 +57,7 @@ def test_whole_hybrid_gradients(backend, tier, norm, pool, head_pool):
     """Input and every parameter, stem included, to the 1e-7 bar; BatchNorm in
     training mode normalizes by the batch's statistics, which the check perturbs too."""
     small = dict(TINY, depth=1, stem=((4, 3, 2), (4, 3, 1)))
-    model = jitter(ViT(**small, stem_norm=norm, stem_pool=pool, pool=head_pool), scale=0.1)
+    model = tier(jitter(ViT(**small, stem_norm=norm, stem_pool=pool, pool=head_pool), scale=0.1))
     report = gradient_check(model, randn(2, 2, 12, 12, seed=5))
     report.assert_ok(TOL)
     assert "patch_embed.backbone.conv1.weight" in [c.name for c in report.checks]
@@ -70,8 +73,8 @@ def test_state_dict_names_and_running_averages(tmp_path):
     model.forward(randn(4, 2, 12, 12).astype(np.float32))  # training: the averages move
     moved = model.state_dict()["patch_embed.backbone.norm1.running_mean"]
     assert np.abs(moved).max() > 0
-    model.save(tmp_path / "hybrid.npz")
-    loaded = ViT.load(tmp_path / "hybrid.npz")
+    save_model(model, tmp_path / "hybrid.npz")
+    loaded = load_model(tmp_path / "hybrid.npz")
     assert loaded.config == model.config
     np.testing.assert_array_equal(loaded.state_dict()["patch_embed.backbone.norm1.running_mean"],
                                   moved)
@@ -101,7 +104,7 @@ def test_summary_counts_the_stem():
     convs = 2 * 9 * 4 * 14 * 14 + 2 * 4 * 9 * 8 * 49
     # one ClassAttentionBlock: qkv over 50 tokens, the rest for the class token alone
     block = 2 * 50 * 64 * 192 + 4 * 50 * 64 + 2 * 64 * 64 + 2 * 2 * 64 * 128
-    assert model.flops_per_image() == convs + 2 * 49 * 8 * 64 + block + 2 * 64 * 10
+    assert flops_per_image(model) == convs + 2 * 49 * 8 * 64 + block + 2 * 64 * 10
 
 
 def test_hybrid_embed_is_the_stem_then_patches(backend):
@@ -137,26 +140,26 @@ def test_workers_keep_the_mean_of_their_running_averages():
 
 
 def test_pictures_of_a_hybrid(tmp_path):
-    from tinyvit import inspect
+    from tinyvit.viz import inspection
 
     model = ViT(image_size=28, patch_size=1, in_channels=1, num_classes=10, embed_dim=16,
                 depth=2, num_heads=2, stem=((8, 3, 2), (8, 3, 2)))
     x = randn(3, 1, 28, 28).astype(np.float32)
-    paths = inspect.write_pictures(model, tmp_path, x, x)
-    assert [p.name for p in paths] == list(inspect.PICTURES)
-    components, ratios = inspect.patch_embed_components(model, k=5)
+    paths = inspection.write_pictures(model, tmp_path, x, x)
+    assert [p.name for p in paths] == list(inspection.PICTURES)
+    components, ratios = inspection.patch_embed_components(model, k=5)
     assert components.shape == (5, 1, 3, 3)  # the stem's first 3x3 filters
-    distance = inspect.mean_attention_distance(model, x)
+    distance = inspection.mean_attention_distance(model, x)
     assert distance.shape == (2, 2) and (distance <= 28 * 2**0.5).all()
 
 
 def test_a_hybrid_file_loads_back_and_is_not_exported_to_timm(tmp_path):
     pytest.importorskip("safetensors")
-    from tinyvit.pretrained import load_pretrained, save_pretrained
+    from tinyvit.weights import load_pretrained, save_pretrained
 
     model = jitter(ViT(**TINY), scale=0.1)
     model.forward(randn(4, 2, 12, 12).astype(np.float32))  # running averages off their start
-    model.save(tmp_path / "hybrid.npz")
+    save_model(model, tmp_path / "hybrid.npz")
     loaded = load_pretrained(tmp_path / "hybrid.npz", num_classes=5)  # a new head
     state, source = loaded.state_dict(), model.state_dict()
     assert state["head.weight"].shape == (5, 8)

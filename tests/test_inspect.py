@@ -1,4 +1,5 @@
-"""Tests for tinyvit.inspect and the position-embedding resize in tinyvit.model.
+"""Tests for the inspection pictures (tinyvit/viz/inspection.py, ``python -m tinyvit.inspect``)
+and the position-embedding resize (tinyvit/nn/resample.py, tinyvit/weights/adapt.py).
 
 Known cases with exact answers: uniform attention rolls out to (1 - 2^-L)/N on
 every patch and attention on oneself to 0; the mean attention distance of
@@ -19,8 +20,11 @@ from conftest import jitter, stripe_images, tiny_config
 from tinyvit import backend as B
 from tinyvit import inspect
 from tinyvit.gradcheck import gradient_check
-from tinyvit.model import ViT, interpolation_matrix, resize_image, resize_pos_embed
+from tinyvit.models import ViT
+from tinyvit.nn.resample import interpolation_matrix, resize_pos_embed
 from tinyvit.train import fit
+from tinyvit.viz import inspection
+from tinyvit.weights import resize_image
 
 SMALL = dict(image_size=28, patch_size=7, embed_dim=16, depth=2, num_heads=2)  # G = 4, N = 17
 
@@ -58,7 +62,7 @@ def check_png(path, min_size):
 
 def test_patch_embed_components_are_orthonormal_principal_axes(backend):
     model = small_model()
-    components, ratios = inspect.patch_embed_components(model, k=28)
+    components, ratios = inspection.patch_embed_components(model, k=28)
     assert components.shape == (16, 1, 7, 7)  # k capped at min(D, C*P*P) = 16
     flat = components.reshape(16, -1)
     np.testing.assert_allclose(flat @ flat.T, np.eye(16), atol=1e-12)
@@ -75,17 +79,17 @@ def test_patch_embed_components_are_orthonormal_principal_axes(backend):
 
 
 def test_patch_embed_components_k_and_errors():
-    components, ratios = inspect.patch_embed_components(small_model(), k=3)
+    components, ratios = inspection.patch_embed_components(small_model(), k=3)
     assert components.shape == (3, 1, 7, 7) and ratios.shape == (3,)
     with pytest.raises(ValueError, match="k must be at least 1, got 0"):
-        inspect.patch_embed_components(small_model(), k=0)
+        inspection.patch_embed_components(small_model(), k=0)
 
 
 # ---------------------------------------------------------------- position similarity
 
 
 def test_pos_embed_similarity_has_unit_diagonal_and_is_symmetric(backend):
-    sim = inspect.pos_embed_similarity(small_model())
+    sim = inspection.pos_embed_similarity(small_model())
     assert sim.shape == (4, 4, 4, 4)
     flat = sim.reshape(16, 16)
     np.testing.assert_allclose(np.diag(flat), 1.0, atol=1e-6)
@@ -101,7 +105,7 @@ def test_pos_embed_similarity_known_angles(backend):
     pe[0, 0] = 7.0  # the class token is left out
     pe[0, 1:, 0], pe[0, 1:, 1] = 3 * np.cos(t), 3 * np.sin(t)
     model.pos_embed.data[...] = B.to_device(pe)
-    sim = inspect.pos_embed_similarity(model)
+    sim = inspection.pos_embed_similarity(model)
     np.testing.assert_allclose(sim.reshape(16, 16), np.cos(t[:, None] - t[None, :]), atol=1e-12)
     # patch (0,1) is 1, (2,3) is 11
     assert sim[0, 1, 2, 3] == pytest.approx(math.cos(0.1 * (1 - 11)))
@@ -115,19 +119,19 @@ def test_rollout_of_uniform_attention_is_uniform(backend):
     class-token row over the patches is (1 - 2^-L) / N everywhere. A patch row is
     that plus 2^-L on its own patch, so their mean adds 2^-L / 16 (16 patches)."""
     for L in (1, 3):
-        rollout = inspect.attention_rollout(uniform_maps(L, 2, 3, 17))
+        rollout = inspection.attention_rollout(uniform_maps(L, 2, 3, 17))
         assert rollout.shape == (2, 4, 4)
         np.testing.assert_allclose(rollout, (1 - 2.0**-L) / 17, rtol=1e-12)
-        mean_pooled = inspect.attention_rollout(uniform_maps(L, 2, 3, 17), pool="mean")
+        mean_pooled = inspection.attention_rollout(uniform_maps(L, 2, 3, 17), pool="mean")
         np.testing.assert_allclose(mean_pooled, (1 - 2.0**-L) / 17 + 2.0**-L / 16, rtol=1e-12)
 
 
 def test_rollout_of_identity_attention_stays_on_each_token(backend):
     """A = I: the class token keeps to itself (0 on every patch); the mean of the
     patch tokens takes 1/16 of every patch."""
-    rollout = inspect.attention_rollout(identity_maps(3, 2, 2, 17))
+    rollout = inspection.attention_rollout(identity_maps(3, 2, 2, 17))
     np.testing.assert_array_equal(rollout, np.zeros((2, 4, 4)))
-    mean_pooled = inspect.attention_rollout(identity_maps(3, 2, 2, 17), pool="mean")
+    mean_pooled = inspection.attention_rollout(identity_maps(3, 2, 2, 17), pool="mean")
     np.testing.assert_array_equal(mean_pooled, np.full((2, 4, 4), 1 / 16))
 
 
@@ -144,25 +148,25 @@ def test_rollout_averages_heads_and_orders_layers(backend):
     heads = xp.broadcast_to(xp.eye(5), (1, 2, 5, 5)).copy()
     heads[0, 0, 0] = xp.asarray([0, 1, 0, 0, 0.0])
     heads[0, 1, 0] = xp.asarray([0, 0, 0, 0, 1.0])
-    np.testing.assert_array_equal(inspect.attention_rollout([heads]), [[[0.25, 0], [0, 0.25]]])
+    np.testing.assert_array_equal(inspection.attention_rollout([heads]), [[[0.25, 0], [0, 0.25]]])
 
     layer1 = xp.eye(5)[None, None].copy()
     layer1[0, 0, 1] = xp.asarray([0, 0, 1, 0, 0.0])
     layer2 = xp.eye(5)[None, None].copy()
     layer2[0, 0, 0] = xp.asarray([0, 1, 0, 0, 0.0])
-    np.testing.assert_array_equal(inspect.attention_rollout([layer1, layer2]),
+    np.testing.assert_array_equal(inspection.attention_rollout([layer1, layer2]),
                                   [[[0.25, 0.25], [0, 0]]])
 
 
 def test_last_layer_attention_reads_the_class_row(backend):
     model = small_model()
     with pytest.raises(RuntimeError, match="run model.forward"):
-        inspect.last_layer_attention(model)
+        inspection.last_layer_attention(model)
     model.forward(images(3))
     with pytest.raises(RuntimeError, match="call model.keep_attention"):
-        inspect.last_layer_attention(model)  # that forward kept none
+        inspection.last_layer_attention(model)  # that forward kept none
     model.keep_attention().forward(images(3))
-    heads = inspect.last_layer_attention(model)
+    heads = inspection.last_layer_attention(model)
     assert heads.shape == (3, 2, 4, 4)
     attn = B.to_host(model.attention_maps()[-1])
     np.testing.assert_array_equal(heads[1, 0, 2], attn[1, 0, 0, 9:13])  # grid row 2 = patches 8..11
@@ -172,7 +176,7 @@ def test_last_layer_attention_reads_the_class_row(backend):
 def test_last_layer_attention_of_a_mean_pooled_model_averages_the_patch_rows(backend):
     model = small_model(pool="mean").keep_attention()
     model.forward(images(3))
-    heads = inspect.last_layer_attention(model)
+    heads = inspection.last_layer_attention(model)
     attn = B.to_host(model.attention_maps()[-1])
     np.testing.assert_allclose(heads[2, 1, 0], attn[2, 1, 1:, 1:5].mean(axis=0), rtol=1e-12)
     np.testing.assert_allclose(heads.sum(axis=(2, 3)), 1 - attn[:, :, 1:, 0].mean(axis=2),
@@ -191,10 +195,10 @@ def mean_pairwise_distance(grid, patch_size):
 
 
 def test_attention_distance_known_cases(backend):
-    uniform = inspect.attention_distance(uniform_maps(2, 3, 2, 17), patch_size=7)
+    uniform = inspection.attention_distance(uniform_maps(2, 3, 2, 17), patch_size=7)
     assert uniform.shape == (2, 2)
     np.testing.assert_allclose(uniform, mean_pairwise_distance(4, 7), rtol=1e-12)
-    identity = inspect.attention_distance(identity_maps(2, 3, 2, 17), patch_size=7)
+    identity = inspection.attention_distance(identity_maps(2, 3, 2, 17), patch_size=7)
     np.testing.assert_array_equal(identity, np.zeros((2, 2)))
 
 
@@ -206,28 +210,28 @@ def test_attention_distance_leaves_out_the_class_token(backend):
     a = xp.full((1, 1, 17, 17), 0.1 / 16)
     a[..., 0] = 0.9
     expected = [[mean_pairwise_distance(4, 7)]]
-    np.testing.assert_allclose(inspect.attention_distance([a], 7), expected, rtol=1e-12)
+    np.testing.assert_allclose(inspection.attention_distance([a], 7), expected, rtol=1e-12)
     right = xp.zeros((1, 1, 17, 17))
     right[0, 0, 0, 0] = 1.0
     for i in range(16):
         target = i + 1 if i % 4 < 3 else i
         right[0, 0, 1 + i, 1 + target] = 1.0
-    np.testing.assert_allclose(inspect.attention_distance([right], 7), [[5.25]], rtol=1e-12)
+    np.testing.assert_allclose(inspection.attention_distance([right], 7), [[5.25]], rtol=1e-12)
 
 
 def test_mean_attention_distance_runs_the_model_in_batches(backend):
     model = small_model()
     x = images(5)
-    distances = inspect.mean_attention_distance(model, x, batch_size=2)  # batches of 2, 2, 1
+    distances = inspection.mean_attention_distance(model, x, batch_size=2)  # batches of 2, 2, 1
     # modes restored
     assert distances.shape == (2, 2) and model.training and not model.keeps_attention
     with pytest.raises(RuntimeError, match="call model.keep_attention"):
         model.attention_maps()
     model.keep_attention()
-    inspect.mean_attention_distance(model, x, batch_size=2)
+    inspection.mean_attention_distance(model, x, batch_size=2)
     assert model.keeps_attention
     model.eval().keep_attention().forward(x)
-    expected = inspect.attention_distance(model.attention_maps(), 7)
+    expected = inspection.attention_distance(model.attention_maps(), 7)
     np.testing.assert_allclose(distances, expected, rtol=1e-12)
     assert np.all((distances > 0) & (distances < 7 * math.hypot(3, 3)))
 
@@ -242,11 +246,11 @@ def test_interpolation_matrix_hand_computed():
     -1 and 2 onto the edges. Dyadic fractions, so exactly representable."""
     expected = [[1.10546875, -0.10546875], [0.7734375, 0.2265625],
                 [0.2265625, 0.7734375], [-0.10546875, 1.10546875]]
-    np.testing.assert_array_equal(B.to_host(interpolation_matrix(2, 4)), expected)
+    np.testing.assert_array_equal(B.to_host(interpolation_matrix(2, 4, "cubic")), expected)
     for old, new in ((7, 7), (3, 5), (9, 4)):
-        W = B.to_host(interpolation_matrix(old, new))
+        W = B.to_host(interpolation_matrix(old, new, "cubic"))
         np.testing.assert_allclose(W.sum(axis=1), 1.0, atol=1e-12)
-    np.testing.assert_array_equal(B.to_host(interpolation_matrix(7, 7)), np.eye(7))
+    np.testing.assert_array_equal(B.to_host(interpolation_matrix(7, 7, "cubic")), np.eye(7))
 
 
 def test_resize_pos_embed_unchanged_grid_is_exact(backend):
@@ -318,8 +322,8 @@ def test_resized_model_gradients_check(backend):
 def test_pictures_are_readable_pngs(tmp_path):
     model = small_model()
     x = images(3).astype(np.float32)
-    paths = inspect.write_pictures(model, tmp_path, x, x, class_names=list("0123456789"))
-    assert [p.name for p in paths] == list(inspect.PICTURES)
+    paths = inspection.write_pictures(model, tmp_path, x, x, class_names=list("0123456789"))
+    assert [p.name for p in paths] == list(inspection.PICTURES)
     filters, similarity, distance, maps = paths
     check_png(filters, (7 * 84, 3 * 84))  # 16 tiles of 84 px, 7 to a row
     check_png(similarity, (4 * 72, 4 * 72))  # 4x4 tiles of 72 px
@@ -348,8 +352,8 @@ def test_cli_writes_every_picture(checkpoint, stripes, tmp_path, capsys):  # noq
             "--num-images", "40"]
     assert inspect.main(args) == 0
     printed = capsys.readouterr().out.strip().splitlines()
-    assert printed == [str(out / name) for name in inspect.PICTURES]
-    for name in inspect.PICTURES:
+    assert printed == [str(out / name) for name in inspection.PICTURES]
+    for name in inspection.PICTURES:
         check_png(out / name, (300, 150))
     with Image.open(out / "attention_maps.png") as image:
         assert image.height < 2 * 160  # one row: the one image given

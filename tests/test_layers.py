@@ -15,9 +15,9 @@ import pytest
 
 from conftest import jitter, randn
 from tinyvit import backend as B
-from tinyvit.functional import erf, log_softmax, normal_cdf, normal_pdf, softmax
 from tinyvit.gradcheck import gradient_check, seeded_dropout
-from tinyvit.layers import (
+from tinyvit.nn.functional import erf, log_softmax, normal_cdf, normal_pdf, softmax
+from tinyvit.nn.layers import (
     GELU,
     MLP,
     Attention,
@@ -40,7 +40,7 @@ SHAPES = [(1, 5, 8), (3, 17, 8), (2, 10, 12)]  # (B, N, D): batch 1, N = 5, 17, 
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("bias", [True, False])
 def test_linear_gradients(backend, tier, shape, bias):
-    layer = jitter(Linear(shape[-1], 6, bias=bias, rng=B.host_rng(0)))
+    layer = tier(jitter(Linear(shape[-1], 6, bias=bias, rng=B.host_rng(0))))
     report = gradient_check(layer, randn(*shape)).assert_ok(TOL)
     assert [c.name for c in report.checks] == ["input", "weight"] + (["bias"] if bias else [])
     assert report["weight"].shape == (6, shape[-1])
@@ -58,7 +58,7 @@ def test_linear_matches_formula(backend):
 
 @pytest.mark.parametrize("shape", SHAPES)
 def test_layernorm_gradients(backend, tier, shape):
-    gradient_check(jitter(LayerNorm(shape[-1])), randn(*shape)).assert_ok(TOL)
+    gradient_check(tier(jitter(LayerNorm(shape[-1]))), randn(*shape)).assert_ok(TOL)
 
 
 def test_layernorm_normalizes_rows(backend):
@@ -70,7 +70,7 @@ def test_layernorm_normalizes_rows(backend):
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
 @pytest.mark.parametrize("shape", SHAPES)
 def test_gelu_gradients(backend, tier, shape, approximate):
-    gradient_check(GELU(approximate), randn(*shape) * 2).assert_ok(TOL)
+    gradient_check(tier(GELU(approximate)), randn(*shape) * 2).assert_ok(TOL)
 
 
 def test_erf_is_exact_to_rounding(backend):
@@ -90,7 +90,7 @@ def test_normal_cdf_and_pdf(backend):
 
 def test_gelu_matches_exact_definition(backend, tier):
     x = np.linspace(-10, 10, 2001)
-    y = B.to_host(GELU().forward(B.to_device(x)))
+    y = B.to_host(tier(GELU()).forward(B.to_device(x)))
     expected = np.array([v * 0.5 * (1 + math.erf(v / math.sqrt(2))) for v in x])
     np.testing.assert_allclose(y, expected, rtol=0, atol=1e-13)
 
@@ -158,7 +158,7 @@ def test_patch_embed_is_a_strided_convolution(backend):
 
 @pytest.mark.parametrize("batch", [1, 3])
 def test_patch_embed_gradients(backend, tier, batch):
-    layer = jitter(PatchEmbed(4, 3, 6, rng=B.host_rng(0)))
+    layer = tier(jitter(PatchEmbed(4, 3, 6, rng=B.host_rng(0))))
     gradient_check(layer, randn(batch, 3, 8, 12)).assert_ok(TOL)
 
 
@@ -169,14 +169,14 @@ def test_patchify_rejects_indivisible_size(backend):
 
 @pytest.mark.parametrize("shape", SHAPES)
 def test_attention_gradients(backend, tier, shape):
-    layer = jitter(Attention(shape[-1], num_heads=2, rng=B.host_rng(0)))
+    layer = tier(jitter(Attention(shape[-1], num_heads=2, rng=B.host_rng(0))))
     gradient_check(layer, randn(*shape)).assert_ok(TOL)
 
 
 def test_attention_on_noncontiguous_input(backend, tier):
     x = randn(10, 3, 8).transpose(1, 0, 2)  # (3, 10, 8), a strided view
     assert not x.flags.c_contiguous
-    layer = jitter(Attention(8, num_heads=4, rng=B.host_rng(0)))
+    layer = tier(jitter(Attention(8, num_heads=4, rng=B.host_rng(0))))
     gradient_check(layer, x).assert_ok(TOL)
 
 
@@ -207,8 +207,8 @@ def test_attention_matches_per_head_loop(backend):
 def test_class_attention_gives_the_class_token_row(backend, tier):
     """ClassAttention: row 0 of Attention's output, and gradients that pass the check
     (the other tokens' q rows get none, every token's k and v rows get theirs)."""
-    full = jitter(Attention(8, num_heads=2, rng=B.host_rng(0)))
-    cls = jitter(ClassAttention(8, num_heads=2, rng=B.host_rng(0)))
+    full = tier(jitter(Attention(8, num_heads=2, rng=B.host_rng(0))))
+    cls = tier(jitter(ClassAttention(8, num_heads=2, rng=B.host_rng(0))))
     x = randn(3, 5, 8)
     y = B.to_host(cls.forward(x))
     assert y.shape == (3, 1, 8)
@@ -217,8 +217,8 @@ def test_class_attention_gives_the_class_token_row(backend, tier):
 
 
 def test_class_attention_keeps_every_row_of_the_maps(backend, tier):
-    full = jitter(Attention(8, num_heads=2, rng=B.host_rng(0)))
-    cls = jitter(ClassAttention(8, num_heads=2, rng=B.host_rng(0)))
+    full = tier(jitter(Attention(8, num_heads=2, rng=B.host_rng(0))))
+    cls = tier(jitter(ClassAttention(8, num_heads=2, rng=B.host_rng(0))))
     full.keep_attn = cls.keep_attn = True
     x = randn(2, 5, 8)
     assert cls.forward(x).shape == (2, 1, 8)
@@ -235,7 +235,7 @@ def test_attention_rejects_bad_head_count(backend):
 
 def test_broken_softmax_backward_is_caught(backend, tier):
     """A softmax backward that drops the -A * sum(dA * A) term must fail the check."""
-    layer = jitter(Attention(8, num_heads=2, rng=B.host_rng(0)))
+    layer = tier(jitter(Attention(8, num_heads=2, rng=B.host_rng(0))))
     x = randn(2, 5, 8)
     gradient_check(layer, x).assert_ok(TOL)
     layer.attend_backward = types.MethodType(_attend_backward_without_correction, layer)
@@ -279,7 +279,7 @@ def test_dropout_gradients_under_fixed_seed(backend):
 
 @pytest.mark.parametrize("shape", SHAPES)
 def test_mlp_gradients(backend, tier, shape):
-    layer = jitter(MLP(shape[-1], 2 * shape[-1], rng=B.host_rng(0)))
+    layer = tier(jitter(MLP(shape[-1], 2 * shape[-1], rng=B.host_rng(0))))
     gradient_check(layer, randn(*shape)).assert_ok(TOL)
 
 
@@ -295,13 +295,13 @@ def test_residual_gradients_and_skip(backend):
 
 @pytest.mark.parametrize("shape", SHAPES)
 def test_block_gradients(backend, tier, shape):
-    layer = jitter(Block(shape[-1], num_heads=2, mlp_ratio=2.0, rng=B.host_rng(0)))
+    layer = tier(jitter(Block(shape[-1], num_heads=2, mlp_ratio=2.0, rng=B.host_rng(0))))
     gradient_check(layer, randn(*shape)).assert_ok(TOL)
 
 
 def test_class_attention_block_gives_the_class_token_row(backend, tier):
-    full = jitter(Block(8, 2, 2.0, rng=B.host_rng(0)))
-    one = jitter(ClassAttentionBlock(8, 2, 2.0, rng=B.host_rng(0)))
+    full = tier(jitter(Block(8, 2, 2.0, rng=B.host_rng(0))))
+    one = tier(jitter(ClassAttentionBlock(8, 2, 2.0, rng=B.host_rng(0))))
     assert [n for n, _ in one.named_parameters()] == [n for n, _ in full.named_parameters()]
     x = randn(2, 5, 8)
     y = B.to_host(one.forward(x))
@@ -311,7 +311,7 @@ def test_class_attention_block_gives_the_class_token_row(backend, tier):
 
 
 def test_block_gradients_with_dropout(backend, tier):
-    layer = jitter(Block(8, 2, 2.0, dropout=0.2, attn_dropout=0.1, rng=B.host_rng(0)))
+    layer = tier(jitter(Block(8, 2, 2.0, dropout=0.2, attn_dropout=0.1, rng=B.host_rng(0))))
     reseed = seeded_dropout(layer, seed=7)
     gradient_check(layer, randn(2, 5, 8), before_forward=reseed).assert_ok(TOL)
 
@@ -334,7 +334,7 @@ def test_gradients_accumulate_until_zero_grad(backend):
                                   lambda: Attention(4, 2), lambda: Patchify(2), Tanh])
 def test_backward_before_forward_is_an_error(tier, make):
     with pytest.raises(RuntimeError, match="backward called without a forward before it"):
-        make().backward(B.xp.ones((1, 4, 4)))
+        tier(make()).backward(B.xp.ones((1, 4, 4)))
 
 
 @pytest.mark.parametrize("make", [lambda: LayerNorm(4), GELU,
@@ -343,7 +343,7 @@ def test_backward_before_forward_is_an_error(tier, make):
 def test_a_second_backward_after_one_forward_is_an_error(tier, make):
     # each forward serves one backward, which may overwrite its cache in place
     # (the fast LayerNorm's xhat, the fast GELU's derivative): a second one would read garbage
-    layer = make()
+    layer = tier(make())
     x = B.xp.ones((1, 3, 4)) + B.xp.arange(4.0)
     dout = layer.forward(x)
     layer.backward(dout)

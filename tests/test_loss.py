@@ -9,7 +9,7 @@ import pytest
 
 from tinyvit import backend as B
 from tinyvit.gradcheck import gradient_check
-from tinyvit.loss import SoftmaxCrossEntropy
+from tinyvit.nn.loss import SoftmaxCrossEntropy
 
 TOL = 1e-7
 

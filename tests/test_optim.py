@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from tinyvit import backend as B
-from tinyvit.layers import LayerNorm, Linear, Module
-from tinyvit.optim import SGD, AdamW, clip_grad_norm, warmup_cosine
+from tinyvit.nn.layers import LayerNorm, Linear, Module
+from tinyvit.nn.optim import SGD, AdamW, clip_grad_norm, warmup_cosine
 
 NAMES = ["fc.weight", "fc.bias", "norm.weight", "norm.bias"]
 DECAYED = {"fc.weight"}

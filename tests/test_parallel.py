@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from tinyvit import backend as B
-from tinyvit.loss import SoftmaxCrossEntropy
-from tinyvit.model import ViT
-from tinyvit.parallel import MAX_AUTO_WORKERS, DataParallel, auto_workers, cpu_cores
+from tinyvit.models import ViT
+from tinyvit.nn.loss import SoftmaxCrossEntropy
+from tinyvit.train.parallel import MAX_AUTO_WORKERS, DataParallel, auto_workers, cpu_cores
 
 SMALL = dict(image_size=8, patch_size=4, in_channels=1, num_classes=5, embed_dim=8, depth=2,
              num_heads=2, mlp_ratio=2)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tinyvit import plot as P
+from tinyvit.viz import plot as P
 
 FASHION = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
            "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"]

@@ -20,16 +20,18 @@ import numpy as np
 import pytest
 
 from tinyvit import backend as B
-from tinyvit.checkpoint import save_checkpoint
 from tinyvit.convert import main as convert_main
-from tinyvit.model import ViT, ViTConfig, resize_pos_embed
-from tinyvit.pretrained import (
+from tinyvit.models import ViT, ViTConfig
+from tinyvit.nn.resample import resize_pos_embed
+from tinyvit.weights import (
     PretrainedError,
-    bfloat16_to_float32,
+    load_model,
     load_pretrained,
-    read_safetensors,
+    save_checkpoint,
+    save_model,
     save_pretrained,
 )
+from tinyvit.weights.safetensors_file import bfloat16_to_float32, read_safetensors
 
 CONFIG = {"image_size": 12, "patch_size": 4, "in_channels": 3, "num_classes": 5, "embed_dim": 12,
           "depth": 2, "num_heads": 3, "mlp_ratio": 2.0}
@@ -233,7 +235,7 @@ def test_tinyvit_model_file_and_training_checkpoint(backend, tmp_path):
     from tinyvit.train import TrainConfig
 
     model = tiny_vit()
-    model.save(tmp_path / "model.npz")
+    save_model(model, tmp_path / "model.npz")
     assert_same_logits(load_pretrained(tmp_path / "model.npz"), model)
 
     train = TrainConfig(model_overrides={"embed_dim": 8, "depth": 1, "num_heads": 2})
@@ -254,7 +256,7 @@ def test_tinyvit_model_file_and_training_checkpoint(backend, tmp_path):
     "fields", [{}, {"pool": "mean"}, {"representation_size": 6, "norm_eps": 1e-5}])
 def test_save_pretrained_round_trip(backend, tmp_path, fields):
     model = tiny_vit(**fields)
-    path = model.save_pretrained(tmp_path / "out" / "model.safetensors")  # the method
+    path = save_pretrained(model, tmp_path / "out" / "model.safetensors")
     config = json.loads((path.parent / "config.json").read_text())
     assert config["model_args"]["num_heads"] == 3 and config["num_classes"] == 5
     loaded = load_pretrained(path)
@@ -526,7 +528,7 @@ def test_convert_command(backend, tmp_path, capsys):
     assert convert_main([str(timm), str(tmp_path / "m.npz")]) == 0
     out = capsys.readouterr().out
     assert "Hugging Face ViT checkpoint" in out and "wrote" in out and "float64" in out
-    assert_same_logits(ViT.load(tmp_path / "m.npz"), model)
+    assert_same_logits(load_model(tmp_path / "m.npz"), model)
 
     save_safetensors(tmp_path / "bare.safetensors", model.state_dict())
     assert convert_main([str(tmp_path / "bare.safetensors"), str(tmp_path / "b.npz")]) == 1

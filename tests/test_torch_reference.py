@@ -15,9 +15,9 @@ torch = pytest.importorskip("torch")
 sys.path.insert(0, os.path.dirname(__file__))
 from conftest import jitter  # noqa: E402
 from tinyvit import backend as B  # noqa: E402
-from tinyvit.loss import SoftmaxCrossEntropy  # noqa: E402
-from tinyvit.model import ViT  # noqa: E402
-from tinyvit.optim import AdamW  # noqa: E402
+from tinyvit.models import ViT  # noqa: E402
+from tinyvit.nn.loss import SoftmaxCrossEntropy  # noqa: E402
+from tinyvit.nn.optim import AdamW  # noqa: E402
 from torch_reference import torch_vit_from  # noqa: E402
 
 CONFIG = dict(
@@ -55,7 +55,7 @@ def rel_err(ours, theirs):
 
 @pytest.mark.parametrize("pool", ["cls", "mean"])
 def test_logits_loss_and_every_gradient_match_torch(tier, pool):
-    model = tiny_vit(pool)
+    model = tier(tiny_vit(pool))
     reference = torch_vit_from(model)
     x = batch()
 
@@ -95,7 +95,7 @@ def test_training_loss_curve_matches_torch(tier, pool):
     weight decay on the Linear (and patch Conv2d) weights only, as tinyvit's
     ``decay`` flags do."""
     lr, wd, betas = 3e-3, 0.05, (0.9, 0.95)
-    model = tiny_vit(pool)
+    model = tier(tiny_vit(pool))
     reference = torch_vit_from(model)
     decayed = {name for name, p in zip(model.state_dict(), model.parameters()) if p.decay}
     assert decayed == {n for n in model.state_dict() if n.endswith(".weight") and "norm" not in n}
@@ -134,7 +134,7 @@ def test_training_loss_curve_matches_torch(tier, pool):
 
 def test_float32_logits_match_torch_float32(tier):
     """The float64 model cast to float32 (a seed draws other weights in float32)."""
-    model64 = tiny_vit("cls")
+    model64 = tier(tiny_vit("cls"))
     x = batch(dtype=np.float32)
     logits64 = B.to_host(model64.forward(B.to_device(x.astype(np.float64))))
     model = model64.astype(np.float32)

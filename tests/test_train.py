@@ -22,11 +22,11 @@ from conftest import (
     tiny_config,
 )
 from tinyvit import backend as B
-from tinyvit.checkpoint import CheckpointError, load_checkpoint
 from tinyvit.data import DatasetError
-from tinyvit.model import ViT
-from tinyvit.parallel import auto_workers
+from tinyvit.models import ViT
 from tinyvit.train import TrainConfig, fit, load_trained, predict
+from tinyvit.train.parallel import auto_workers
+from tinyvit.weights.checkpoint import CheckpointError, load_checkpoint
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
@@ -60,7 +60,7 @@ def test_eval_every_evaluates_those_epochs_and_the_last(stripes, tmp_path, capsy
     _, _, best = load_checkpoint(tmp_path / "run" / "best.npz")
     best_row = max((row for row in history if row["test_acc"] is not None),
                    key=lambda row: row["test_acc"])
-    assert best["epoch"] + 1 == best_row["epoch"]  # saved as that epoch ended
+    assert best["epoch"] == best_row["epoch"]  # saved as that epoch ended
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert (metrics["epochs"][0]["test_acc"] is None
             and sum(map(sum, metrics["confusion_matrix"])) == 100)
@@ -92,7 +92,7 @@ def test_resumed_run_ends_with_the_same_weights(stripes, tmp_path, stop_after, w
 
 
 def test_ctrl_c_during_evaluation_saves_and_resumes(stripes, tmp_path, monkeypatch):
-    import tinyvit.train as train
+    import tinyvit.train.loop as train
 
     fit(tiny_config(stripes, tmp_path / "straight"))
     original = train.evaluate
@@ -274,7 +274,7 @@ def test_predict_rejects_a_file_that_is_not_an_image(stripes, tmp_path, capsys):
 
 
 def test_ctrl_c_in_the_cli_saves_and_exits_130(stripes, tmp_path, monkeypatch):
-    import tinyvit.train as train
+    import tinyvit.train.loop as train
 
     original = train.Trainer.step
     calls = {"n": 0}
@@ -301,7 +301,7 @@ def test_ctrl_c_in_the_cli_saves_and_exits_130(stripes, tmp_path, monkeypatch):
 def test_a_diverging_run_stops_and_keeps_its_checkpoints(stripes, tmp_path, monkeypatch, capsys):
     """Weights made non-finite after step 3 of epoch 2: step 4's loss names the run's end,
     in one line, though the loop reads losses back only every ``log_every`` steps."""
-    import tinyvit.train as train
+    import tinyvit.train.loop as train
 
     original = train.Trainer.step
     calls = {"n": 0}
@@ -323,8 +323,8 @@ def test_a_diverging_run_stops_and_keeps_its_checkpoints(stripes, tmp_path, monk
     assert err.startswith("train_mnist.py: error: training diverged at epoch 2, step 4 of 10 "
                           "(learning rate ")
     assert "loss nan" in err and "try a lower --lr" in err
-    # as epoch 1 ended (best.npz is saved just before the state moves past the epoch)
-    for name, position in (("last.npz", (1, 0)), ("best.npz", (0, 10))):
+    # as epoch 1 ended (best.npz is a copy of that epoch's last.npz)
+    for name, position in (("last.npz", (1, 0)), ("best.npz", (1, 0))):
         weights, _, meta = load_checkpoint(out / name)
         assert (meta["epoch"], meta["step"]) == position, name
         assert all(np.isfinite(w).all() for w in weights.values()), name

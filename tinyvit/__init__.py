@@ -1,12 +1,12 @@
 """tinyvit: a Vision Transformer from scratch on NumPy (CuPy on a GPU), every
 backward pass written by hand."""
 
+from . import fast
 from .backend import get_backend, set_backend
-from .fast import use_fast, use_reference
 from .gradcheck import gradient_check
-from .loss import SoftmaxCrossEntropy
-from .model import PRESETS, ViT, ViTConfig, create_model
-from .pretrained import load_pretrained
+from .models import PRESETS, ViT, ViTConfig, create_model
+from .nn.loss import SoftmaxCrossEntropy
+from .weights import load_pretrained, save_pretrained
 
 __all__ = [
     "PRESETS",
@@ -14,10 +14,10 @@ __all__ = [
     "ViT",
     "ViTConfig",
     "create_model",
+    "fast",
     "get_backend",
     "gradient_check",
     "load_pretrained",
+    "save_pretrained",
     "set_backend",
-    "use_fast",
-    "use_reference",
 ]

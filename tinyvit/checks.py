@@ -14,3 +14,13 @@ def check_float(x, layer):
     """A ValueError unless ``x`` is an array of floats."""
     if x.dtype.kind != "f":
         raise ValueError(f"{layer}: expected a float array, got dtype {x.dtype}")
+
+
+def check_images(x, where, channels=None):
+    """A ValueError unless ``x`` is a float batch of images (B, C, H, W), with
+    ``channels`` channels when that is given."""
+    check_float(x, where)
+    if x.ndim != 4 or channels not in (None, x.shape[1]):
+        expected = "C" if channels is None else channels
+        raise ValueError(f"{where}: expected input (B, {expected}, H, W), got shape "
+                         f"{tuple(x.shape)}")

@@ -2,11 +2,11 @@
 
     python -m tinyvit.convert SRC DST [--num-heads H] [--num-classes K] [--dtype float32|float64]
 
-SRC is anything ``tinyvit.pretrained.read_pretrained`` reads: a Hugging Face
+SRC is anything ``tinyvit.weights.read_pretrained`` reads: a Hugging Face
 folder, a timm or Hugging Face ``.safetensors`` file, the ViT paper's JAX ``.npz``,
 a tinyvit model file or training checkpoint. DST's suffix picks the output:
-``.npz`` a tinyvit model file (``ViT.load``), ``.safetensors`` timm's layout with
-a ``config.json`` beside it (``save_pretrained``). The weights keep the source's
+``.npz`` a tinyvit model file (``tinyvit.weights.load_model``), ``.safetensors``
+timm's layout with a ``config.json`` beside it (``save_pretrained``). The weights keep the source's
 float width (float32 or float64) unless ``--dtype`` says otherwise. ``--num-heads``
 is needed only where SRC does not tell it (a timm file without config.json);
 ``--num-classes`` other than SRC's gives the output a new, untrained head.
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .pretrained import read_pretrained, save_pretrained
+from .weights import read_pretrained, save_model, save_pretrained
 
 OUTPUTS = {".npz": "tinyvit model file", ".safetensors": "timm safetensors + config.json"}
 
@@ -34,7 +34,7 @@ def convert(src, dst, num_heads=None, num_classes=None, dtype=None, log=print):
     overrides = {name: value for name, value in given.items() if value is not None}
     model = pretrained.build(head="auto", dtype=dtype or pretrained.dtype, log=log, **overrides)
     if dst.suffix == ".npz":
-        model.save(dst)
+        save_model(model, dst)
     else:
         save_pretrained(model, dst)
     c = model.config

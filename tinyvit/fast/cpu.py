@@ -1,15 +1,16 @@
 """The fast tier on the CPU: NumPy kernels of the layers whose elementwise work
 dominates a step once the matmuls run at OpenBLAS's speed.
 
-Each class subclasses its reference layer (``tinyvit/layers.py``), keeps its
-parameters and contract, and overrides ``forward`` and ``backward`` (or, for
-attention, the two methods that hold the softmax). What makes each faster:
+Each class subclasses its reference layer (``tinyvit/nn/layers.py``,
+``tinyvit/nn/conv.py``), keeps its parameters and contract, and overrides only
+what it does faster: ``forward`` and ``backward``, the two methods that hold
+attention's softmax, or, for Linear, the sum over rows. What makes each faster:
 
 - all: fewer passes over memory. NumPy runs one pass per operation, so a formula
   of k steps reads and writes its arrays k times; in-place operations
   (``out=``, ``+=``) save the allocation and page faults of every temporary.
 - ``row_sum`` and ``column_sum``: einsum reduces in one pass, without the
-  temporary of a product, and in NumPy ran 2-3x faster than ``.sum(axis=-1)``.
+  temporary of a product, faster than ``.sum(axis=-1)``.
 - ``GELU``: float32 by Abramowitz & Stegun 7.1.26 (multiplies and adds, no erf),
   the derivative computed in the forward and cached instead of x, in row blocks
   of 64K values whose temporaries stay in the CPU's cache.
@@ -20,15 +21,21 @@ attention, the two methods that hold the softmax). What makes each faster:
   multiplied while it is still in the cache, channels-last where that makes
   their rows longer.
 
-``tests/test_fast.py`` checks every class here against its reference.
+``tests/test_fast.py`` checks every class here against its reference;
+docs/performance.md has what each change measured.
 """
 
-import math
 
-from .. import conv, layers
 from ..backend import xp
-from ..checks import check_float
-from ..functional import normal_cdf, normal_pdf
+from ..checks import check_float, check_images
+from ..nn import conv, layers
+from ..nn.functional import INV_SQRT_2PI, SQRT_HALF, normal_cdf, normal_pdf, standardize_backward
+
+
+class FastKernel:
+    """The mark of a layer of the fast tier (``Module.tier``), mixed into every kernel."""
+
+    tier = "fast"
 
 
 def row_sum(a, b=None):
@@ -50,32 +57,13 @@ def column_sum(a, b=None):
 # ---------------------------------------------------------------------------
 
 
-class Linear(layers.Linear):
-    """The reference Linear with the bias added in place and its gradient summed by
-    ``column_sum``."""
+class Linear(FastKernel, layers.Linear):
+    """The reference Linear with its bias gradient summed by einsum."""
 
     column_sum = staticmethod(column_sum)
 
-    def forward(self, x):
-        self.check_input(x)
-        x2 = x.reshape(-1, self.in_features)  # (M, in)
-        y = x2 @ self.weight.data.T  # (M, out)
-        if self.bias is not None:
-            y += self.bias.data
-        self.cache = x2 if self.training else None
-        return y.reshape(*x.shape[:-1], self.out_features)
 
-    def backward(self, dout):
-        x2 = self._take_cache()
-        dout2 = dout.reshape(-1, self.out_features)  # (M, out)
-        self.weight.grad += dout2.T @ x2
-        if self.bias is not None:
-            self.bias.grad += self.column_sum(dout2)
-        dx = dout2 @ self.weight.data  # (M, in)
-        return dx.reshape(*dout.shape[:-1], self.in_features)
-
-
-class LayerNorm(layers.LayerNorm):
+class LayerNorm(FastKernel, layers.LayerNorm):
     """The reference LayerNorm in place: xhat is formed in the centered copy of x,
     and the backward overwrites the cached xhat (each forward serves one backward)."""
 
@@ -117,8 +105,6 @@ class LayerNorm(layers.LayerNorm):
 # GELU
 # ---------------------------------------------------------------------------
 
-_SQRT_HALF = 1.0 / math.sqrt(2.0)
-_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 _AS_P = 0.3275911  # Abramowitz & Stegun 7.1.26
 _AS_A = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
 _AS_HALF_A = tuple(0.5 * a for a in _AS_A)
@@ -135,7 +121,7 @@ def row_blocks(a, block_elements):
     return [slice(start, start + step) for start in range(0, rows, step)]
 
 
-class GELU(layers.GELU):
+class GELU(FastKernel, layers.GELU):
     """y = x Phi(x) and its derivative in one forward, row block by row block.
 
     The forward also computes dy/dx in training mode and caches only that (one
@@ -183,7 +169,7 @@ def _gelu_erf(x, y, dydx):
     if dydx is not None:
         _cdf_from_half_minus_tail(x, w, out=dydx)
         gauss *= x
-        gauss *= _INV_SQRT_2PI  # x phi(x)
+        gauss *= INV_SQRT_2PI  # x phi(x)
         dydx += gauss
 
 
@@ -191,17 +177,17 @@ def _abs_and_half_minus_tail(x):
     """(|x|, 1/2 - Phi(-|x|), exp(-x^2/2)) for float32 x, by A&S 7.1.26:
         Phi(-|x|) = erfc(|x|/sqrt2) / 2 = t (a1 + t (a2 + ... + t a5)) exp(-x^2/2) / 2,
         t = 1 / (1 + p |x| / sqrt2),
-    absolute error below 1.5e-7 plus float32 rounding (measured below 5e-7; float32
-    spacing near 1 is 6e-8). Multiplies and adds only, in place, no branch per
-    element; the /2 is folded into the coefficients.
+    absolute error below 1.5e-7 plus float32 rounding (float32 spacing near 1 is
+    6e-8; tests/test_fast.py holds the whole GELU within 5e-7). Multiplies and adds
+    only, in place, no branch per element; the /2 is folded into the coefficients.
     """
     a = xp.abs(x)
     gauss = a * a
     gauss *= -0.5
     xp.exp(gauss, out=gauss)  # exp(-x^2/2)
-    t = a * (_AS_P * _SQRT_HALF)
+    t = a * (_AS_P * SQRT_HALF)
     t += 1.0
-    xp.divide(1.0, t, out=t)  # t = 1/t (in float32 this ran 1.6x faster than xp.reciprocal)
+    xp.divide(1.0, t, out=t)  # t = 1/t (in float32, faster than xp.reciprocal)
     w = t * _AS_HALF_A[-1]  # Horner: w = t (a1/2 + t (a2/2 + ...))
     for c in reversed(_AS_HALF_A[:-1]):
         w += c
@@ -222,7 +208,7 @@ def _cdf_from_half_minus_tail(x, w, out):
 
 def _gelu_tanh(x, y, dydx):
     """The tanh approximation and its derivative, written in place."""
-    c, a = math.sqrt(2.0 / math.pi), 0.044715
+    c, a = layers.TANH_C, layers.TANH_A
     x2 = x * x
     t = xp.tanh(c * x * (1.0 + a * x2))
     xp.multiply(0.5 * x, 1.0 + t, out=y)
@@ -235,7 +221,7 @@ def _gelu_tanh(x, y, dydx):
 # ---------------------------------------------------------------------------
 
 
-def softmax_(scores):
+def softmax_inplace(scores):
     """Softmax over the last axis, computed in place in ``scores`` and returned.
 
     softmax(s) = exp(s - c) / sum exp(s - c) for any constant c per row. The
@@ -254,16 +240,16 @@ def softmax_(scores):
     return scores
 
 
-class FastAttend:
+class FastAttentionCore(FastKernel):
     """``attend`` and ``attend_backward`` of the reference attention, faster: q is
     scaled by 1/sqrt(Dh) before the matmul (Q*Dh values, not the Q*N scores), k^T
-    is copied into its own memory (the batched matmul by a contiguous k^T ran
-    1.1-1.3x faster, copy included), the softmax is ``softmax_``, and the
-    backward works in place."""
+    is copied into its own memory (the batched matmul by a contiguous k^T is
+    faster, copy included), the softmax is ``softmax_inplace``, and the backward
+    works in place."""
 
     def attend(self, q, k, v):
         qs = q * self.scale  # (B, H, Q, Dh)
-        A = softmax_(qs @ xp.ascontiguousarray(k.transpose(0, 1, 3, 2)))  # (B, H, Q, N)
+        A = softmax_inplace(qs @ xp.ascontiguousarray(k.transpose(0, 1, 3, 2)))  # (B, H, Q, N)
         self.attn = A if self.keep_attn else None
         Ad = self.attn_drop.forward(A)
         self.cache = (qs, k, v, A, Ad) if self.training else None
@@ -282,11 +268,11 @@ class FastAttend:
         return dq, dk, dv
 
 
-class Attention(FastAttend, layers.Attention):
+class Attention(FastAttentionCore, layers.Attention):
     pass
 
 
-class ClassAttention(FastAttend, layers.ClassAttention):
+class ClassAttention(FastAttentionCore, layers.ClassAttention):
     pass
 
 
@@ -295,7 +281,7 @@ class ClassAttention(FastAttend, layers.ClassAttention):
 # ---------------------------------------------------------------------------
 
 
-class Conv2d(conv.Conv2d):
+class Conv2d(FastKernel, conv.Conv2d):
     """The reference Conv2d with its columns formed one block of images at a time,
     in whichever layout gives them longer rows.
 
@@ -327,7 +313,7 @@ class Conv2d(conv.Conv2d):
         return [slice(start, start + step) for start in range(0, batch, step)]
 
     def forward(self, x):
-        conv.check_image_batch(x, self.in_channels, "Conv2d")
+        check_images(x, "Conv2d", self.in_channels)
         conv.check_fits(x, self.kernel_size, self.padding, "Conv2d")
         channels_last = self.channels_last(x)
         w2, rstd = self.weight_matrix()  # (F, K), K in (C, kh, kw) order
@@ -350,7 +336,7 @@ class Conv2d(conv.Conv2d):
         else:
             dx, dw2 = self.backward_channels_first(dout, xpad, w2)
         if rstd is not None:
-            dw2 = conv.normalize_backward(dw2, w2, rstd, axes=1)
+            dw2 = standardize_backward(dw2, w2, rstd, 1)
         self.weight.grad += dw2.reshape(self.weight.shape)
         return dx
 

@@ -13,8 +13,8 @@ Attention runs the reference: the CPU's one-max softmax needs the score range on
 the host, a round trip a GPU step must not make.
 """
 
-from .. import layers
 from ..backend import xp
+from ..nn import layers
 from . import cpu
 
 

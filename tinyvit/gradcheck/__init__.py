@@ -26,7 +26,7 @@ import itertools
 
 from ..backend import host_rng, to_device, xp
 from ..backend import rng as device_rng
-from ..layers import Dropout
+from ..nn.layers import Dropout
 
 
 @dataclasses.dataclass

@@ -2,21 +2,21 @@
 
 Optimizers work on a module's flat parameter buffers (``Module.flat_parameters``):
 every update is a handful of whole-buffer, in-place operations, whatever the
-number of tensors. ``decay`` (1 for Linear weights, 0 for biases, norms,
-cls_token and pos_embed) masks weight decay.
+number of tensors. ``decay`` (1 for the weights of Linear and Conv2d layers, 0
+for biases, norms, cls_token and pos_embed) masks weight decay.
 """
 
 import math
 
-from .backend import xp
+from ..backend import xp
 
 
 class Optimizer:
     """Holds the flat (data, grad, decay) buffers, the step count, lr and weight_decay."""
 
-    def __init__(self, module, lr, weight_decay, **more_at_least_0):
-        """``more_at_least_0``: the subclass's other settings that must be >= 0."""
-        for name, value in dict(lr=lr, weight_decay=weight_decay, **more_at_least_0).items():
+    def __init__(self, module, lr, weight_decay, **nonnegative):
+        """``nonnegative``: the subclass's other settings that must be >= 0, by name."""
+        for name, value in dict(lr=lr, weight_decay=weight_decay, **nonnegative).items():
             if value < 0:
                 raise ValueError(f"{type(self).__name__}: {name} must be at least 0, got {value}")
         self.data, self.grad, self.decay = module.flat_parameters()

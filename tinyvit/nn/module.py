@@ -8,20 +8,22 @@ The layer contract (CS231n's, as classes):
   its parameter gradients into ``param.grad``; one ``zero_grad()`` resets them,
   so the gradients of residual branches add up by themselves.
 
-Building a layer builds its fast kernel when the fast tier has one for the
-active backend (``Module.__new__``, ``tinyvit.fast``): the same contract, the
-same parameters, faster code.
+A layer is what its class says: ``Linear(...)`` builds the ``Linear`` of
+``tinyvit/nn/layers.py``. The fast tier (``tinyvit.fast.accelerate``) swaps in
+faster subclasses of built layers, in one visible step; ``tier`` and ``repr``
+say which code a layer runs.
 """
 
-from . import fast
-from .backend import float_dtype, get_default_dtype, to_device, xp
+from typing import NamedTuple
+
+from ..backend import get_default_dtype, xp
 
 
 class Parameter:
     """A trainable array and the gradient accumulated into it.
 
-    ``decay`` says whether AdamW's weight decay applies (weights of Linear layers
-    only; not biases, norms, cls_token or pos_embed).
+    ``decay`` says whether weight decay applies: to the weights of Linear and
+    Conv2d layers, not to biases, norms, cls_token or pos_embed.
     """
 
     def __init__(self, data, decay=False):
@@ -32,6 +34,14 @@ class Parameter:
     @property
     def shape(self):
         return self.data.shape
+
+
+class FlatParameters(NamedTuple):
+    """A module's parameters packed into contiguous 1-D buffers (``flat_parameters``)."""
+
+    data: object  # every parameter's values, one after another
+    grad: object  # their gradients, in the same order
+    decay: object  # 1 where weight decay applies, 0 elsewhere
 
 
 class Module:
@@ -45,11 +55,7 @@ class Module:
     """
 
     buffers = ()
-
-    def __new__(cls, *args, **kwargs):
-        """An instance of ``cls``, or of its fast kernel (a subclass of ``cls``)
-        when the fast tier is on and has one for the active backend."""
-        return super().__new__(fast.kernel_class(cls))
+    tier = "reference"  # "fast" in the kernels of tinyvit/fast
 
     def __init__(self):
         self.training = True
@@ -58,6 +64,13 @@ class Module:
 
     def __call__(self, *args):
         return self.forward(*args)
+
+    def __repr__(self):
+        """The class, its parameter count and where its code is, which tells its tier:
+        ``Linear(4,160 parameters; reference tinyvit.nn.layers.Linear)``."""
+        kind = type(self)
+        return (f"{kind.__name__}({self.num_parameters():,} parameters; "
+                f"{self.tier} {kind.__module__}.{kind.__qualname__})")
 
     def forward(self, x):
         raise NotImplementedError
@@ -118,6 +131,22 @@ class Module:
     def num_parameters(self):
         return sum(p.data.size for p in self.parameters())
 
+    def describe_tier(self):
+        """Which code this module's layers run, in one line: "reference layers
+        (tinyvit.nn)", or the fast kernels by class and count and where they are."""
+        kernels = {}
+        for _, module in self.named_modules():
+            if module.tier == "fast":
+                kind = type(module)
+                kernels.setdefault(kind.__module__, {}).setdefault(kind.__name__, 0)
+                kernels[kind.__module__][kind.__name__] += 1
+        if not kernels:
+            return "reference layers (tinyvit.nn)"
+        parts = [f"fast kernels of {where}: " + ", ".join(f"{name} x{count}"
+                                                            for name, count in counts.items())
+                 for where, counts in kernels.items()]
+        return "; ".join(parts) + "; the other layers reference (tinyvit.nn)"
+
     # -- modes and gradients -------------------------------------------------
 
     def train(self, mode=True):
@@ -130,7 +159,7 @@ class Module:
 
     def zero_grad(self):
         if self._flat is not None:
-            self._flat[1].fill(0)
+            self._flat.grad.fill(0)
         else:
             for p in self.parameters():
                 p.grad.fill(0)
@@ -148,7 +177,7 @@ class Module:
     def flat_parameters(self):
         """All parameters as views into one contiguous buffer, gradients into another.
 
-        Returns ``(data, grad, decay)``: 1-D arrays of the total parameter count;
+        Returns ``FlatParameters(data, grad, decay)``: 1-D arrays of the total parameter count;
         ``decay`` is 1 where weight decay applies. Optimizers update these in a
         few whole-buffer operations instead of a loop over tensors. Packing
         re-points every ``Parameter.data`` and ``.grad`` to a view of the buffers.
@@ -169,12 +198,12 @@ class Module:
                 p.data = data[offset:end].reshape(p.data.shape)
                 p.grad = grad[offset:end].reshape(p.grad.shape)
                 offset = end
-            self._flat = (data, grad, decay)
+            self._flat = FlatParameters(data, grad, decay)
         return self._flat
 
     def flat_buffers(self):
         """All buffers as views into one contiguous 1-D array (empty without any), so
-        that worker processes can exchange them in one copy (``tinyvit.parallel``)."""
+        that worker processes can exchange them in one copy (``tinyvit.train.parallel``)."""
         buffers = [(module, attribute) for _, module, attribute in self.named_buffers()]
         if not buffers:
             return xp.empty(0, dtype=get_default_dtype())
@@ -205,18 +234,3 @@ class Sequential(Module):
             dout = layer.backward(dout)
         return dout
 
-
-def trunc_normal(rng, shape, std=0.02, dtype=None):
-    """Normal(0, std) values redrawn until inside [-2 std, 2 std] (timm's init).
-
-    ``rng`` is a host generator (``backend.host_rng``): initial weights are drawn
-    on the host, so a seed gives the same model on NumPy and on CuPy.
-    """
-    dtype = float_dtype(dtype)
-    values = rng.standard_normal(shape, dtype=dtype)
-    flat = values.reshape(-1)
-    redraw = (abs(flat) > 2).nonzero()[0]
-    while redraw.size:
-        flat[redraw] = rng.standard_normal(redraw.size, dtype=dtype)
-        redraw = redraw[abs(flat[redraw]) > 2]
-    return to_device(values * dtype(std))

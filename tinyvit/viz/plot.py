@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont, ImageOps
 
-from .checkpoint import atomic_write
+from ..files import atomic_write
 
 # Colour tables, linearly interpolated between evenly spaced anchors.
 CMAPS = {

@@ -7,31 +7,17 @@ the token sequence (ViT paper, section 3.1, "Hybrid Architecture").
       -> patches of P x P on the feature map (P = 1: every position a token)
       -> Linear(C' P^2, D)                 (B, (H'/P)(W'/P), D)
 
-The stem's layers are in ``tinyvit/conv.py``. Parameter names follow timm's
+The stem's layers are in ``tinyvit/nn/conv.py``. Parameter names follow timm's
 hybrid models: the stem under ``patch_embed.backbone``, the projection
 ``patch_embed.proj``.
 """
 
 import math
 
-from .conv import BatchNorm2d, Conv2d, GroupNorm, MaxPool2d, ReLU
-from .layers import PatchEmbed
-from .module import Sequential
-
-STEM_NORMS = ("batch", "group")
-POOL = (3, 2, 1)  # the stem's max pool: kernel 3, stride 2, padding 1, as ResNet's
-
-
-def stem_output_size(size, stages, pool):
-    """The feature map's side for an input side ``size``: each k x k convolution of
-    stride s pads k // 2 and gives floor((size + 2 (k // 2) - k) / s) + 1, the pool
-    likewise."""
-    for _, kernel, stride in stages:
-        size = (size + 2 * (kernel // 2) - kernel) // stride + 1
-    if pool:
-        kernel, stride, padding = POOL
-        size = (size + 2 * padding - kernel) // stride + 1
-    return size
+from ..nn.conv import BatchNorm2d, Conv2d, GroupNorm, MaxPool2d, ReLU
+from ..nn.layers import PatchEmbed
+from ..nn.module import Sequential
+from .config import STEM_NORMS, STEM_POOL
 
 
 class ConvStem(Sequential):
@@ -61,7 +47,7 @@ class ConvStem(Sequential):
             layers += [conv, normalize, ReLU()]
             channels = out_channels
         if pool:
-            self.pool = MaxPool2d(*POOL)
+            self.pool = MaxPool2d(*STEM_POOL)
             layers.append(self.pool)
         self.out_channels = channels
         super().__init__(*layers)

@@ -2,10 +2,11 @@
 reference tier.
 
 Each layer is a class with ``forward`` and ``backward`` (the contract is in
-``tinyvit/module.py``); each backward walks its forward in reverse and derives
-its math in its docstring. This is the code to read: the fast tier
-(``tinyvit/fast/``) computes the same functions faster and is tested equal to
-this one.
+``tinyvit/nn/module.py``); each backward walks its forward in reverse and derives
+its math in its docstring. This is the code to read, and the code that runs in
+a model built from it: the fast tier (``tinyvit/fast/``) computes the same
+functions faster, is tested equal to this one, and runs only in a model given
+to ``tinyvit.fast.accelerate``.
 
 Shape legend: B batch, N tokens (patches, plus 1 for the class token), D embed_dim,
 H num_heads, Dh = D // H head dim, C channels, P patch_size, M rows of a Linear.
@@ -13,10 +14,18 @@ H num_heads, Dh = D // H head dim, C channels, P patch_size, M rows of a Linear.
 
 import math
 
-from .backend import float_dtype, host_rng, to_device, xp
-from .checks import check_float
-from .functional import normal_cdf, normal_pdf, softmax
-from .module import Module, Parameter, Sequential, trunc_normal
+from ..backend import float_dtype, host_rng, xp
+from ..checks import check_float
+from .functional import (
+    column_sum,
+    normal_cdf,
+    normal_pdf,
+    softmax,
+    standardize,
+    standardize_backward,
+)
+from .init import trunc_normal, uniform
+from .module import Module, Parameter, Sequential
 
 # ---------------------------------------------------------------------------
 # Linear
@@ -29,6 +38,8 @@ class Linear(Module):
     W starts truncated-normal (std 0.02) from the host generator ``rng`` (fresh
     entropy when None), b at zero.
     """
+
+    column_sum = staticmethod(column_sum)  # the bias gradient's sum over rows
 
     def __init__(self, in_features, out_features, bias=True, rng=None, dtype=None):
         super().__init__()
@@ -49,7 +60,7 @@ class Linear(Module):
         x2 = x.reshape(-1, self.in_features)  # (M, in), M the product of the leading axes
         y = x2 @ self.weight.data.T  # (M, out)
         if self.bias is not None:
-            y = y + self.bias.data
+            y += self.bias.data
         self.cache = x2 if self.training else None
         return y.reshape(*x.shape[:-1], self.out_features)
 
@@ -63,7 +74,7 @@ class Linear(Module):
         dout2 = dout.reshape(-1, self.out_features)  # (M, out)
         self.weight.grad += dout2.T @ x2
         if self.bias is not None:
-            self.bias.grad += dout2.sum(axis=0)
+            self.bias.grad += self.column_sum(dout2)
         dx = dout2 @ self.weight.data  # (M, in)
         return dx.reshape(*dout.shape[:-1], self.in_features)
 
@@ -123,7 +134,7 @@ class PatchEmbed(Module):
         self.proj = Linear(fan_in, embed_dim, rng=rng, dtype=dtype)
         bound = 1.0 / math.sqrt(fan_in)
         for p in (self.proj.weight, self.proj.bias):
-            p.data[...] = to_device(rng.uniform(-bound, bound, p.shape))
+            p.data[...] = uniform(rng, bound, p.shape, p.data.dtype)
         self.conv_shape = (embed_dim, in_channels, patch_size, patch_size)
 
     def forward(self, x):
@@ -155,6 +166,8 @@ class LayerNorm(Module):
     backward reads, no more.
     """
 
+    column_sum = staticmethod(column_sum)  # gamma's and beta's gradients: sums over rows
+
     def __init__(self, dim, eps=1e-6, dtype=None):
         super().__init__()
         dtype = float_dtype(dtype)
@@ -163,10 +176,7 @@ class LayerNorm(Module):
         self.bias = Parameter(xp.zeros(dim, dtype=dtype))
 
     def forward(self, x):
-        mean = x.mean(axis=-1, keepdims=True)  # (..., 1)
-        var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)  # (..., 1)
-        rstd = 1.0 / xp.sqrt(var + self.eps)  # (..., 1)
-        xhat = (x - mean) * rstd  # (..., D)
+        xhat, rstd, _, _ = standardize(x, -1, self.eps)  # (..., D) and (..., 1)
         self.cache = (xhat, rstd) if self.training else None
         return self.weight.data * xhat + self.bias.data
 
@@ -179,19 +189,17 @@ class LayerNorm(Module):
             dx = rstd * (g - mean(g) - xhat * mean(g * xhat)).
         """
         xhat, rstd = self._take_cache()
-        self.weight.grad += (dout * xhat).reshape(-1, self.dim).sum(axis=0)
-        self.bias.grad += dout.reshape(-1, self.dim).sum(axis=0)
+        self.weight.grad += self.column_sum(dout, xhat)
+        self.bias.grad += self.column_sum(dout)
         g = dout * self.weight.data  # (..., D)
-        mean_g = g.mean(axis=-1, keepdims=True)  # (..., 1)
-        mean_gx = (g * xhat).mean(axis=-1, keepdims=True)  # (..., 1)
-        return rstd * (g - mean_g - xhat * mean_gx)
+        return standardize_backward(g, xhat, rstd, -1)
 
 
 # ---------------------------------------------------------------------------
 # GELU
 # ---------------------------------------------------------------------------
 
-_TANH_C, _TANH_A = math.sqrt(2.0 / math.pi), 0.044715
+TANH_C, TANH_A = math.sqrt(2.0 / math.pi), 0.044715  # GELU's tanh form: c and a
 
 
 class GELU(Module):
@@ -211,7 +219,7 @@ class GELU(Module):
         check_float(x, "GELU")
         self.cache = x if self.training else None
         if self.approximate == "tanh":
-            return 0.5 * x * (1.0 + xp.tanh(_TANH_C * (x + _TANH_A * x**3)))
+            return 0.5 * x * (1.0 + xp.tanh(TANH_C * (x + TANH_A * x**3)))
         return x * normal_cdf(x)
 
     def backward(self, dout):
@@ -222,8 +230,8 @@ class GELU(Module):
         """
         x = self._take_cache()
         if self.approximate == "tanh":
-            t = xp.tanh(_TANH_C * (x + _TANH_A * x**3))
-            du_dx = _TANH_C * (1.0 + 3.0 * _TANH_A * x * x)
+            t = xp.tanh(TANH_C * (x + TANH_A * x**3))
+            du_dx = TANH_C * (1.0 + 3.0 * TANH_A * x * x)
             return dout * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du_dx)
         return dout * (normal_cdf(x) + x * normal_pdf(x))
 

@@ -2,9 +2,9 @@
 
 Why: at the sizes tinyvit trains on a laptop, most of a NumPy training step is
 elementwise work (LayerNorm, GELU, softmax, bias, residual) that NumPy runs on
-one core, and small matmuls that OpenBLAS's second thread speeds up by only
-5-10%. Two processes with one BLAS thread and half of the batch each keep two
-cores busy all the time (docs/performance.md has the figures).
+one core, and small matmuls that OpenBLAS's second thread speeds up little. Two
+processes with one BLAS thread and half of the batch each keep two cores busy all
+the time (docs/performance.md has the figures).
 
 How: every worker holds a replica of the model; the weights, the batch and the
 results travel through shared memory, the commands through a pipe. For one
@@ -22,7 +22,9 @@ data-parallel PyTorch does without SyncBatchNorm); each worker updates the
 running averages from the same values, and the parent keeps their mean, which
 every worker reads back with the weights at the next command.
 
-A run with W workers is exactly reproducible with W workers. Against one
+Each worker builds its replica of the model with the parent's code: the fast
+kernels when the parent's model has them (``tinyvit.fast.accelerate``), else the
+reference layers. A run with W workers is exactly reproducible with W workers. Against one
 process each step's gradient differs only by float rounding (the sums run in
 another order), and over a run those differences grow as any rounding does.
 NumPy only: worker processes share host memory, and a GPU runs one process.
@@ -34,13 +36,14 @@ import os
 import signal
 import traceback
 
-from .allocator import keep_freed_memory
-from .backend import default_dtype, on_cpu, quiet_overflow, xp
-from .fast import reference_on, use_reference
-from .loss import SoftmaxCrossEntropy, loss_and_gradients
-from .model import ViT
+from ..allocator import keep_freed_memory
+from ..backend import default_dtype, on_cpu, quiet_overflow, xp
+from ..fast import accelerate
+from ..models import ViT
+from ..nn.loss import SoftmaxCrossEntropy
+from .gradients import loss_and_gradients
 
-MAX_AUTO_WORKERS = 4  # measured on 2 cores only: more than 4 small shares is untested
+MAX_AUTO_WORKERS = 4  # the gain was measured on 2 cores only: more small shares are untested
 
 # what a worker's environment must say when it starts: NumPy, and one BLAS thread
 # (each worker computes on one core)
@@ -83,6 +86,7 @@ class DataParallel:
         self.data, self.grad, _ = model.flat_parameters()
         self.buffers = model.flat_buffers()  # BatchNorm's running averages, if any
         config = model.config
+        fast = any(m.tier == "fast" for _, m in model.named_modules())
         # a fresh interpreter: no forked BLAS threads
         context = multiprocessing.get_context("spawn")
         shapes = {
@@ -101,7 +105,7 @@ class DataParallel:
         self.pipes, self.processes, self._worker_ends = [], [], []
         for rank in range(workers):
             parent_end, worker_end = context.Pipe()
-            args = (rank, config, dtype, reference_on(),
+            args = (rank, config, dtype, fast,
                     {name: (raw[name], shapes[name], dtype) for name in shapes}, worker_end)
             self.pipes.append(parent_end)
             self._worker_ends.append(worker_end)
@@ -203,14 +207,15 @@ def _view(raw, shape, dtype):
     return xp.frombuffer(raw, dtype=dtype).reshape(shape)
 
 
-def _worker(rank, config, dtype, reference, arrays, pipe):
+def _worker(rank, config, dtype, fast, arrays, pipe):
     """A worker's loop: one command per message until None."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the parent, which saves the run
     keep_freed_memory()  # this process is tinyvit's own: reuse freed arrays' pages
     shared = {name: _view(*spec) for name, spec in arrays.items()}
-    use_reference(reference)  # the parent's tier
     with default_dtype(dtype):
         model = ViT(config)  # its weights are overwritten from shared memory at every command
+    if fast:  # the parent's code
+        accelerate(model)
     weights, grad, _ = model.flat_parameters()
     buffers = model.flat_buffers()
     criterion = SoftmaxCrossEntropy()  # targets come as distributions, label smoothing applied

@@ -1,7 +1,6 @@
-"""Softmax cross-entropy, with label smoothing and soft (mixup/cutmix) targets, and
-``loss_and_gradients``: one training-mode forward, loss and backward of a model."""
+"""Softmax cross-entropy, with label smoothing and soft (mixup/cutmix) targets."""
 
-from .backend import xp
+from ..backend import xp
 from .functional import log_softmax
 from .module import Module
 
@@ -83,17 +82,3 @@ class SoftmaxCrossEntropy(Module):
                 f"got labels in [{low}, {high}]"
             )
 
-
-def loss_and_gradients(model, criterion, x, target, seed):
-    """One training-mode pass over a batch: forward, ``criterion``'s loss, backward.
-    The gradients are left in the model's parameters (zeroed first) and ``seed``
-    seeds its dropout masks. Returns (loss, logits). The trainer, its worker
-    processes and the benchmark all take a step through here."""
-    if not model.training:
-        model.train()
-    model.seed_dropout(seed)
-    logits = model.forward(x)
-    loss = criterion.forward(logits, target)
-    model.zero_grad()
-    model.backward(criterion.backward())
-    return loss, logits

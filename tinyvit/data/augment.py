@@ -32,15 +32,8 @@ learns them. Augmentation shows it a new variant of each image every epoch:
 
 import math
 
-from .backend import float_dtype, xp
-
-
-def _check_images(x, name):
-    if x.ndim != 4 or x.dtype.kind != "f":
-        raise ValueError(
-            f"{name}: expected float images of shape (B, C, H, W), "
-            f"got shape {tuple(x.shape)} and dtype {x.dtype}"
-        )
+from ..backend import float_dtype, xp
+from ..checks import check_images
 
 
 def _check_probability(p, name):
@@ -61,7 +54,7 @@ def random_crop(x, padding, rng):
 
     x: (B, C, H, W); returns (B, C, H, W).
     """
-    _check_images(x, "random_crop")
+    check_images(x, "random_crop")
     if padding < 0 or int(padding) != padding:
         raise ValueError(f"random_crop: padding must be an int >= 0, got {padding}")
     p = int(padding)
@@ -85,7 +78,7 @@ def horizontal_flip(x, rng, p=0.5):
 
     x: (B, C, H, W); returns (B, C, H, W).
     """
-    _check_images(x, "horizontal_flip")
+    check_images(x, "horizontal_flip")
     _check_probability(p, "horizontal_flip")
     flip = rng.random(x.shape[0]) < p  # (B,)
     return xp.where(flip[:, None, None, None], x[..., ::-1], x)
@@ -103,7 +96,7 @@ def random_erasing(x, rng, p=0.25, scale=(0.02, 0.33), ratio=(0.3, 3.3), value=0
 
     x: (B, C, H, W); returns (B, C, H, W).
     """
-    _check_images(x, "random_erasing")
+    check_images(x, "random_erasing")
     _check_probability(p, "random_erasing")
     B, _, H, W = x.shape
     erase = rng.random(B) < p  # (B,)
@@ -192,7 +185,7 @@ def _mixed_targets(y, num_classes, lam, dtype):
 
 
 def _check_mixing(x, y, name):
-    _check_images(x, name)
+    check_images(x, name)
     if y.shape != (x.shape[0],):
         raise ValueError(
             f"{name}: expected labels of shape (B,) = ({x.shape[0]},), got shape {tuple(y.shape)}"

@@ -2,7 +2,7 @@
 feature map of a few of these instead of raw patches): Conv2d, BatchNorm2d,
 GroupNorm, ReLU and MaxPool2d, each with its backward written by hand.
 
-Each layer keeps the contract of ``tinyvit/module.py``; the derivations are in
+Each layer keeps the contract of ``tinyvit/nn/module.py``; the derivations are in
 the docstrings and, at more length, in ``docs/backprop.md``.
 
 Shape legend: B batch, C input channels, F output channels (filters, as in
@@ -28,8 +28,10 @@ columns are runs of Wo contiguous values. (The fast tier's Conv2d,
 import math
 import numbers
 
-from .backend import float_dtype, host_rng, to_device, xp
-from .checks import check_float
+from ..backend import float_dtype, host_rng, xp
+from ..checks import check_float, check_images
+from .functional import standardize, standardize_backward
+from .init import uniform
 from .module import Module, Parameter
 
 # ---------------------------------------------------------------------------
@@ -100,13 +102,6 @@ def unpad_spatial(dxpad, padding):
     return dxpad[..., ph : Hp - ph, pw : Wp - pw]
 
 
-def check_image_batch(x, channels, layer):
-    """A ValueError unless x is a float array (B, channels, H, W)."""
-    check_float(x, layer)
-    if x.ndim != 4 or x.shape[1] != channels:
-        raise ValueError(f"{layer}: expected input (B, {channels}, H, W), got shape {x.shape}")
-
-
 def check_fits(x, kernel, padding, layer):
     """A ValueError unless one kernel window fits in the padded input."""
     (kh, kw), (ph, pw), (H, W) = kernel, padding, x.shape[2:]
@@ -115,35 +110,6 @@ def check_fits(x, kernel, padding, layer):
             f"{layer}: expected a padded input of at least {kh}x{kw} (the kernel), got "
             f"{H}x{W} padded by {ph}x{pw}"
         )
-
-
-# ---------------------------------------------------------------------------
-# Standardization, shared by weight standardization, BatchNorm2d and GroupNorm
-# ---------------------------------------------------------------------------
-
-
-def normalize_backward(g, xhat, rstd, axes):
-    """The backward of xhat = (x - mean) * rstd, rstd = 1 / sqrt(var + eps), with mean
-    and the biased var over ``axes`` (n values), given g = dL/dxhat.
-
-    xhat_i depends on x_k directly and through mean and rstd, with
-    d mean/dx_k = 1/n and d rstd/dx_k = -rstd^3 (x_k - mean) / n; summing the
-    three paths (LayerNorm's derivation, over other axes), exactly for any eps,
-
-        dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  means over ``axes``.
-    """
-    mean_g = g.mean(axis=axes, keepdims=True)
-    mean_gx = (g * xhat).mean(axis=axes, keepdims=True)
-    return rstd * (g - mean_g - xhat * mean_gx)
-
-
-def standardize(weight, eps):
-    """Per row of weight (F, K): what = (w - mean) * rstd, rstd = 1 / sqrt(var + eps),
-    var the biased variance. Returns (what, rstd (F, 1))."""
-    mean = weight.mean(axis=1, keepdims=True)  # (F, 1)
-    centered = weight - mean  # (F, K)
-    rstd = 1.0 / xp.sqrt((centered * centered).mean(axis=1, keepdims=True) + eps)  # (F, 1)
-    return centered * rstd, rstd
 
 
 # ---------------------------------------------------------------------------
@@ -191,7 +157,7 @@ class Conv2d(Module):
         self.bias = Parameter(uniform(rng, bound, (out_channels,), dtype)) if bias else None
 
     def forward(self, x):
-        check_image_batch(x, self.in_channels, "Conv2d")
+        check_images(x, "Conv2d", self.in_channels)
         check_fits(x, self.kernel_size, self.padding, "Conv2d")
         B, F = x.shape[0], self.out_channels
         xpad = pad_spatial(x.transpose(1, 0, 2, 3), self.padding)  # (C, B, Hp, Wp)
@@ -210,7 +176,10 @@ class Conv2d(Module):
         """The weight as the (F, K) matrix the convolution multiplies by, and None;
         under weight standardization, what (F, K) and its rstd (F, 1)."""
         w2 = self.weight.data.reshape(self.out_channels, -1)
-        return standardize(w2, self.ws_eps) if self.weight_standardization else (w2, None)
+        if not self.weight_standardization:
+            return w2, None
+        what, rstd, _, _ = standardize(w2, 1, self.ws_eps)  # (F, K) and (F, 1), per row
+        return what, rstd
 
     def backward(self, dout):
         """The forward in reverse, with dy = dout as (F, M) (the matmul's layout):
@@ -235,7 +204,7 @@ class Conv2d(Module):
             self.bias.grad += dy.sum(axis=1)
         dw2 = dy @ cols.T  # (F, K)
         if rstd is not None:  # through what = (W - mean) * rstd
-            dw2 = normalize_backward(dw2, w2, rstd, axes=1)
+            dw2 = standardize_backward(dw2, w2, rstd, 1)
         self.weight.grad += dw2.reshape(self.weight.shape)
         dcols = w2.T @ dy  # (K, M)
         C, (kh, kw) = self.in_channels, self.kernel_size
@@ -243,12 +212,6 @@ class Conv2d(Module):
         dxpad = col2im(dwindows, xp.zeros(padded_shape, dy.dtype), self.stride)
         dx = unpad_spatial(dxpad, self.padding).transpose(1, 0, 2, 3)  # (B, C, H, W)
         return xp.ascontiguousarray(dx)
-
-
-def uniform(rng, bound, shape, dtype):
-    """Uniform(-bound, bound) values drawn on the host, as an array of ``dtype`` on
-    the active backend (the same values on NumPy and on CuPy for one seed)."""
-    return to_device(rng.uniform(-bound, bound, shape), dtype=dtype)
 
 
 # ---------------------------------------------------------------------------
@@ -280,7 +243,7 @@ class BatchNorm2d(Module):
         self.running_var = xp.ones(num_features, dtype=dtype)
 
     def forward(self, x):
-        check_image_batch(x, self.num_features, "BatchNorm2d")
+        check_images(x, "BatchNorm2d", self.num_features)
         gamma = self.weight.data[:, None, None]  # (C, 1, 1)
         beta = self.bias.data[:, None, None]
         if not self.training:  # normalized by the running averages
@@ -292,11 +255,8 @@ class BatchNorm2d(Module):
         if n < 2:
             raise ValueError(f"BatchNorm2d: expected more than 1 value per channel in training, "
                              f"got input of shape {x.shape}")
-        mean = x.mean(axis=(0, 2, 3), keepdims=True)  # (1, C, 1, 1)
-        centered = x - mean  # (B, C, H, W)
-        var = (centered * centered).mean(axis=(0, 2, 3), keepdims=True)  # (1, C, 1, 1)
-        rstd = 1.0 / xp.sqrt(var + self.eps)  # (1, C, 1, 1)
-        xhat = centered * rstd  # (B, C, H, W)
+        # (B, C, H, W), and rstd, mean and var (1, C, 1, 1)
+        xhat, rstd, mean, var = standardize(x, (0, 2, 3), self.eps)
         self.update_running_averages(mean.reshape(-1), var.reshape(-1), n)
         self.cache = (xhat, rstd)
         return gamma * xhat + beta
@@ -320,7 +280,7 @@ class BatchNorm2d(Module):
         self.weight.grad += (dout * xhat).sum(axis=(0, 2, 3))
         self.bias.grad += dout.sum(axis=(0, 2, 3))
         g = dout * self.weight.data[:, None, None]  # (B, C, H, W)
-        return normalize_backward(g, xhat, rstd, axes=(0, 2, 3))
+        return standardize_backward(g, xhat, rstd, (0, 2, 3))
 
 
 class GroupNorm(Module):
@@ -341,14 +301,10 @@ class GroupNorm(Module):
         self.bias = Parameter(xp.zeros(num_channels, dtype=dtype))
 
     def forward(self, x):
-        check_image_batch(x, self.num_channels, "GroupNorm")
+        check_images(x, "GroupNorm", self.num_channels)
         B, C, H, W = x.shape
         xg = x.reshape(B, self.num_groups, -1)  # (B, G, C/G*H*W)
-        mean = xg.mean(axis=2, keepdims=True)  # (B, G, 1)
-        centered = xg - mean
-        var = (centered * centered).mean(axis=2, keepdims=True)  # (B, G, 1)
-        rstd = 1.0 / xp.sqrt(var + self.eps)  # (B, G, 1)
-        xhat = centered * rstd  # (B, G, C/G*H*W)
+        xhat, rstd, _, _ = standardize(xg, 2, self.eps)  # (B, G, C/G*H*W) and (B, G, 1)
         self.cache = (xhat, rstd) if self.training else None
         y = xhat.reshape(B, C, H, W)
         return self.weight.data[:, None, None] * y + self.bias.data[:, None, None]
@@ -364,7 +320,7 @@ class GroupNorm(Module):
         self.weight.grad += (dout * xhat.reshape(B, C, H, W)).sum(axis=(0, 2, 3))
         self.bias.grad += dout.sum(axis=(0, 2, 3))
         g = (dout * self.weight.data[:, None, None]).reshape(xhat.shape)  # (B, G, C/G*H*W)
-        return normalize_backward(g, xhat, rstd, axes=2).reshape(B, C, H, W)
+        return standardize_backward(g, xhat, rstd, 2).reshape(B, C, H, W)
 
 
 # ---------------------------------------------------------------------------
@@ -407,9 +363,7 @@ class MaxPool2d(Module):
                              f"padding {self.padding} for kernel {self.kernel_size}")
 
     def forward(self, x):
-        check_float(x, "MaxPool2d")
-        if x.ndim != 4:
-            raise ValueError(f"MaxPool2d: expected input (B, C, H, W), got shape {x.shape}")
+        check_images(x, "MaxPool2d")
         check_fits(x, self.kernel_size, self.padding, "MaxPool2d")
         B, C = x.shape[:2]
         xpad = pad_spatial(x, self.padding, value=-xp.inf)  # (B, C, Hp, Wp)

@@ -1,0 +1,76 @@
+"""What a training run is: ``TrainConfig``, saved in every checkpoint."""
+
+import dataclasses
+
+from ..checks import check_fields
+from ..data import dataset_info
+from ..models import preset_config
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    """Everything that defines a run (saved in every checkpoint)."""
+
+    dataset: str = "mnist"
+    model: str = "mnist"  # a preset of tinyvit.models.PRESETS
+    model_overrides: dict = dataclasses.field(default_factory=dict)  # e.g. {"depth": 6}
+    epochs: int = 18
+    batch_size: int = 128
+    optimizer: str = "adamw"  # or "sgd" (momentum 0.9, Nesterov)
+    lr: float = 3e-3  # peak learning rate
+    min_lr: float = 0.0
+    warmup_epochs: float = 1.0
+    weight_decay: float = 0.05
+    label_smoothing: float = 0.1
+    clip_grad: float = 0.0  # max global gradient norm; 0 = no clipping
+    max_shift: int = 1  # random translation by up to this many pixels (0 = off)
+    flip: bool = False  # random horizontal flip
+    erasing: float = 0.0  # random erasing probability
+    mixup: float = 0.0  # mixup alpha (0 = off)
+    cutmix: float = 0.0  # cutmix alpha (0 = off); with both, each batch picks one
+    seed: int = 0
+    data_dir: str = None
+    out_dir: str = "runs/mnist"
+    backend: str = "numpy"
+    eval_batch_size: int = 500
+    eval_every: int = 1  # epochs between test evaluations (the last epoch is always evaluated)
+    workers: int = 1  # processes sharing each batch (train/parallel.py; NumPy only); 1 = this one
+    log_every: int = 20  # steps between progress-bar updates (host transfers)
+    train_subset: int = 0  # use only the first N training images (0 = all)
+    test_subset: int = 0
+    init: str = None  # start from these weights: any file or folder tinyvit.weights reads
+    reset_head: bool = False  # with init: a zero head even when the class count is the file's
+    freeze_backbone: bool = False  # train the head alone (a linear probe)
+    budget: float = 0.0  # minutes for the whole run: epochs planned after the first (0: off)
+    tier: str = "fast"  # "fast": the kernels of tinyvit.fast; "reference": the layers as written
+
+    def __post_init__(self):
+        """Every value is checked here, so that a bad one is named before a run starts."""
+        if self.init is None:  # with init, the weights' file is read when the run starts
+            self.model_config()  # the dataset, the preset and its overrides
+        if self.optimizer not in ("adamw", "sgd"):
+            raise ValueError(f"optimizer must be 'adamw' or 'sgd', got {self.optimizer!r}")
+        if self.tier not in ("fast", "reference"):
+            raise ValueError(f"tier must be 'fast' or 'reference', got {self.tier!r}")
+        check_fields(self, ("epochs", "batch_size", "eval_batch_size", "eval_every", "log_every",
+                            "workers"),
+                     lambda n: n >= 1, "at least 1")
+        check_fields(self, ("lr",), lambda x: x > 0, "positive")
+        check_fields(self, ("min_lr", "warmup_epochs", "weight_decay", "clip_grad", "max_shift",
+                            "mixup", "cutmix", "train_subset", "test_subset", "budget"),
+                     lambda x: x >= 0, "at least 0")
+        check_fields(self, ("label_smoothing",), lambda p: 0.0 <= p < 1.0, "in [0, 1)")
+        check_fields(self, ("erasing",), lambda p: 0.0 <= p <= 1.0, "in [0, 1]")
+
+    def model_fields(self):
+        """The ViTConfig fields the run sets: the dataset's channels, image size and
+        classes, then ``model_overrides``."""
+        return {**dataset_info(self.dataset).model_fields(), **self.model_overrides}
+
+    def model_config(self):
+        """The ViT config of a run from a preset: the preset with ``model_fields``."""
+        return preset_config(self.model, **self.model_fields())
+
+    def image_size(self):
+        """The side of the images the model sees (batches are resized to it)."""
+        return self.model_fields()["image_size"]

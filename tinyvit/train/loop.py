@@ -1,0 +1,225 @@
+"""Training: the loop over epochs and steps, and the checkpoints that let a run
+survive a crash, a Ctrl-C or a full disk.
+
+One ``TrainConfig`` describes a run. ``fit(config)`` trains and, after every
+epoch, evaluates on the test split and writes to ``config.out_dir``:
+``last.npz`` (everything needed to resume, written first), ``best.npz`` (the
+best test accuracy so far), ``metrics.json`` and ``curves.png`` (``report.py``).
+
+Reproducibility: the data order, the augmentation and the dropout masks of step
+b in epoch e are all seeded from ``(seed, e, b)``, so the only state is the
+weights, the optimizer and where the run stands (``RunState``). That makes a
+resumed run, on NumPy with the same seed, end with exactly the weights of an
+uninterrupted one.
+"""
+
+import dataclasses
+import math
+import shutil
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+from ..backend import get_backend, set_backend
+from ..files import NoSpaceError, atomic_write
+from ..models import ViT
+from ..weights import load_checkpoint, save_checkpoint, saved_model_config
+from .budget import keep_to_budget, plan_epochs
+from .build import build_model, make_batches
+from .config import TrainConfig
+from .evaluate import evaluate
+from .report import write_final_report, write_metrics
+from .state import RunState, Totals
+from .step import Trainer
+
+
+class TrainingDiverged(RuntimeError):
+    """A training loss or gradient norm that is not finite: the run stops there.
+
+    The weights are not finite either by then, so nothing more is saved: the
+    checkpoints written before it keep the last finite weights."""
+
+
+def fit(config, resume=None, stop_after_steps=None):
+    """Train (or resume) a run; returns the metrics history.
+
+    ``resume``: a checkpoint written by a previous run (its config is used).
+    Ctrl-C saves ``last.npz`` at the current step and raises KeyboardInterrupt
+    again for the caller. A full disk raises ``NoSpaceError`` saying what to free
+    and how to resume; the checkpoints written before are intact.
+    ``stop_after_steps`` simulates an interruption after that many steps of this
+    call (for tests).
+    """
+    started = time.perf_counter()
+    if resume is not None:
+        model_state, optim_state, meta = load_checkpoint(resume)
+        config = TrainConfig(**meta["config"])
+    set_backend(config.backend)
+    train_batches, test_batches = make_batches(config, "train"), make_batches(config, "test")
+    if resume is None:
+        model, notes = build_model(config)
+        state = RunState(lr=config.lr, init=notes)
+    else:
+        model, state = ViT(saved_model_config(meta)), RunState.from_meta(meta)
+    # made once data and model are read: a run that cannot start leaves nothing
+    out = Path(config.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    trainer = Trainer(config, model)
+    _print_start(config, trainer.model, train_batches, state.init)
+    if resume is not None:
+        trainer.model.load_state_dict(model_state)
+        trainer.optimizer.load_state_dict(optim_state)
+        started -= state.wall  # the run's wall clock goes on from where it was saved
+        print(f"resumed from {resume} at epoch {state.epoch + 1}, step {state.step}")
+    steps_done, evaluation = 0, None
+    with trainer:
+        try:
+            while state.epoch < trainer.config.epochs:
+                steps_done += _train_epoch(trainer, train_batches, state, stop_after_steps,
+                                           steps_done)
+                evaluation = _end_epoch(trainer, test_batches, state, out, started)
+            evaluation = evaluation or evaluate(trainer.evaluator(), test_batches)
+            write_final_report(out, config.dataset, state.history, evaluation)
+        except KeyboardInterrupt:  # in training or in evaluation: state says where the run is
+            state.wall = time.perf_counter() - started
+            path = _save(out / "last.npz", trainer, state)
+            print(f"\ninterrupted: saved {path} (epoch {state.epoch + 1}, step {state.step}); "
+                  f"resume with --resume {path}")
+            raise
+        except NoSpaceError as error:
+            advice = _after_full_disk(out)
+            raise NoSpaceError(error.path, error.needed, error.free, advice) from None
+    return state.history
+
+
+def _after_full_disk(out):
+    """What to do once a checkpoint could not be written."""
+    if (out / "last.npz").is_file():
+        return (f"{out / 'last.npz'} and the other files written before are intact: free some "
+                f"space, then continue with --resume {out}")
+    return "no checkpoint was written yet: free some space and start the run again"
+
+
+def _train_epoch(trainer, batches, state, stop_after_steps, steps_done):
+    """Train from the state's (epoch, step) to the end of the epoch; returns steps run.
+
+    The running sums (loss, correct, seen, time) live in the state so that a run
+    interrupted mid-epoch and resumed reports the same epoch metrics."""
+    config, epoch, n = trainer.config, state.epoch, len(batches)
+    totals = state.running
+    ran, pending = 0, []  # device scalars not yet read: the host stays out of the step
+    start_time = time.perf_counter()
+
+    def flush():
+        """Read the pending steps' results and add them up; the first loss or gradient
+        norm that is not finite stops the run (read here, with the rest, so that a GPU
+        step never waits for the host)."""
+        for loss, correct, size, norm, step, lr in pending:
+            loss, norm = float(loss), float(norm)
+            if not (math.isfinite(loss) and math.isfinite(norm)):
+                raise TrainingDiverged(
+                    f"training diverged at epoch {epoch + 1}, step {step + 1} of {n} "
+                    f"(learning rate {lr:.3g}): loss {loss}, gradient norm {norm}; the "
+                    "checkpoints written before it are left as they were: try a lower --lr")
+            totals.loss_sum += loss * size
+            totals.correct += int(correct)
+            totals.seen += size
+        pending.clear()
+
+    epochs = "?" if config.budget and not state.plan else config.epochs  # "?": not planned yet
+    bar = tqdm(batches.epoch(epoch, start=state.step), total=n, initial=state.step,
+               desc=f"epoch {epoch + 1}/{epochs}", unit="batch")
+    try:
+        for x, y in bar:
+            if stop_after_steps is not None and steps_done + ran >= stop_after_steps:
+                raise KeyboardInterrupt
+            state.lr = trainer.lr_at(state.global_step, n)
+            loss, correct, norm = trainer.step(x, y, state.lr, (config.seed, epoch, state.step))
+            pending.append((loss, correct, len(y), norm, state.step, state.lr))
+            state.step += 1
+            state.global_step += 1
+            ran += 1
+            if len(pending) == config.log_every:
+                flush()
+                rate = totals.seen / (totals.time + time.perf_counter() - start_time)
+                bar.set_postfix(loss=f"{totals.loss_sum / totals.seen:.4f}",
+                                acc=f"{totals.correct / totals.seen:.4f}",
+                                lr=f"{state.lr:.2e}", img_s=f"{rate:.0f}")
+    finally:
+        bar.close()
+        spent = time.perf_counter() - start_time
+        totals.time += spent
+        state.elapsed += spent
+        flush()
+    return ran
+
+
+def _end_epoch(trainer, test_batches, state, out, started):
+    """Evaluate (every ``eval_every`` epochs and after the last; other epochs
+    record None), plan a budgeted run's epochs after its first, move the state past
+    this epoch, then write ``last.npz`` first (what ``--resume`` needs), ``best.npz``
+    when the test accuracy is the best so far (a copy of it), and the metrics.
+    Returns ``evaluate``'s result, or None."""
+    start = time.perf_counter()
+    if trainer.config.budget and state.plan is not None:
+        trainer.config = keep_to_budget(trainer.config, state.plan, state.epoch + 1,
+                                        start - started)
+    config, epoch, totals = trainer.config, state.epoch, state.running
+    planning = config.budget > 0 and state.plan is None
+    evaluation = test_loss = test_acc = None
+    if (epoch + 1) % config.eval_every == 0 or epoch + 1 == config.epochs or planning:
+        evaluation = evaluate(trainer.evaluator(), test_batches)
+        test_loss, test_acc = evaluation[:2]
+    eval_seconds = time.perf_counter() - start
+    elapsed = state.elapsed + eval_seconds
+    if planning:
+        trainer.config, state.plan = plan_epochs(config, totals.time, eval_seconds,
+                                                 time.perf_counter() - started)
+    seen = max(totals.seen, 1)
+    row = {
+        "epoch": epoch + 1,
+        "train_loss": totals.loss_sum / seen,
+        "train_acc": totals.correct / seen,
+        "test_loss": test_loss,
+        "test_acc": test_acc,
+        "lr": state.lr,
+        "images_per_s": totals.seen / max(totals.time, 1e-9),
+        "elapsed_s": elapsed,
+    }
+    best = test_acc is not None and test_acc > state.best_acc
+    # in one update, so that a Ctrl-C leaves the state before the epoch's end or after it
+    vars(state).update(history=state.history + [row], epoch=epoch + 1, step=0, elapsed=elapsed,
+                       running=Totals(), best_acc=test_acc if best else state.best_acc,
+                       wall=time.perf_counter() - started)
+    test = "not evaluated" if test_acc is None else f"loss {test_loss:.4f} acc {test_acc:.4f}"
+    print(f"epoch {epoch + 1}: train loss {row['train_loss']:.4f} acc {row['train_acc']:.4f} | "
+          f"test {test} | {row['images_per_s']:.0f} img/s | {elapsed:.0f} s")
+    last = _save(out / "last.npz", trainer, state)
+    if best:
+        _copy(last, out / "best.npz")
+    write_metrics(out, state.history)
+    return evaluation
+
+
+def _save(path, trainer, state):
+    meta = {"config": dataclasses.asdict(trainer.config),
+            "model_config": dataclasses.asdict(trainer.model.config), **state.to_meta()}
+    return save_checkpoint(path, trainer.model, trainer.optimizer, meta)
+
+
+def _copy(source, target):
+    """``target`` replaced by a copy of ``source``, whole or not at all."""
+    with open(source, "rb") as f, atomic_write(target, source.stat().st_size) as out:
+        shutil.copyfileobj(f, out)
+
+
+def _print_start(config, model, batches, init_notes):
+    epochs = f"a budget of {config.budget:g} min" if config.budget else f"{config.epochs} epochs"
+    print(f"layers: {model.describe_tier()}")
+    print(f"{config.dataset}: {batches.images.shape[0]} training images, "
+          f"{len(batches)} steps/epoch, {epochs}, backend {get_backend()}, "
+          f"{config.workers} worker(s)")
+    print(f"model: {model.num_parameters():,} parameters, {model.config}")
+    for line in init_notes or ():
+        print(f"  {line}")

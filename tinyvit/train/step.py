@@ -1,0 +1,104 @@
+"""One training step: forward, loss, backward and the optimizer's update."""
+
+from ..backend import host_rng, quiet_overflow, xp
+from ..backend import rng as device_rng
+from ..data import augment
+from ..fast import accelerate
+from ..nn.loss import SoftmaxCrossEntropy
+from ..nn.optim import SGD, AdamW, clip_grad_norm, grad_norm, warmup_cosine
+from .gradients import loss_and_gradients
+from .parallel import DataParallel
+
+
+class Trainer:
+    """Model, loss, optimizer and schedule for one run; ``step`` is one update.
+
+    The model's layers become the fast kernels here (``tinyvit.fast.accelerate``)
+    unless the run asks for the reference tier. As a context manager the trainer
+    also runs the worker processes of a run with ``workers > 1``
+    (``parallel.py``): then training steps and evaluation split each batch over
+    them. Without ``with``, everything runs in this process.
+    """
+
+    def __init__(self, config, model):
+        self.config = config
+        self.model = accelerate(model) if config.tier == "fast" else model
+        self.criterion = SoftmaxCrossEntropy(config.label_smoothing)
+        if config.optimizer == "adamw":
+            self.optimizer = AdamW(self.model, config.lr, weight_decay=config.weight_decay)
+        else:
+            self.optimizer = SGD(self.model, config.lr, momentum=0.9, nesterov=True,
+                                 weight_decay=config.weight_decay)
+        self.num_classes = self.model.config.num_classes
+        self.trainable = self.head_mask() if config.freeze_backbone else None
+        self.parallel = None
+
+    def head_mask(self):
+        """For a linear probe: 1 on the head's entries of the flat parameter buffer, 0
+        elsewhere. ``step`` multiplies the gradient by it, and the weight decay is
+        masked with it, so the optimizer leaves every other parameter as it is."""
+        _, _, decay = self.model.flat_parameters()
+        mask = xp.zeros_like(decay)
+        head = {id(p) for p in self.model.head.parameters()}
+        offset = 0
+        for p in self.model.parameters():  # the order flat_parameters packs them in
+            if id(p) in head:
+                mask[offset:offset + p.data.size] = 1
+            offset += p.data.size
+        decay *= mask
+        return mask
+
+    def __enter__(self):
+        c = self.config
+        if c.workers > 1:
+            self.parallel = DataParallel(self.model, c.workers,
+                                         max(c.batch_size, c.eval_batch_size))
+            self.parallel.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.parallel is not None:
+            self.parallel.__exit__(*exc)
+            self.parallel = None
+
+    def lr_at(self, step, steps_per_epoch):
+        c = self.config
+        return warmup_cosine(step, c.epochs * steps_per_epoch,
+                             round(c.warmup_epochs * steps_per_epoch), c.lr, c.min_lr)
+
+    def mix(self, x, y, seed):
+        """Mixup or cutmix (one of the two, chosen per batch), with soft targets."""
+        c = self.config
+        if not (c.mixup or c.cutmix):
+            return x, y
+        rng = device_rng(seed)
+        if c.cutmix and (not c.mixup or host_rng(seed).random() < 0.5):
+            return augment.cutmix(x, y, self.num_classes, rng, alpha=c.cutmix)
+        return augment.mixup(x, y, self.num_classes, rng, alpha=c.mixup)
+
+    def step(self, x, y, lr, seed):
+        """Forward, loss, backward and update on one batch. Returns (loss, number of
+        correct predictions, gradient norm before clipping); in one process as device
+        scalars, so nothing waits for the host (the workers' loss is a host float
+        already)."""
+        x, target = self.mix(x, y, seed + (1,))
+        with quiet_overflow():  # a value that overflows shows in the loss or the norm
+            if self.parallel is None:
+                loss, logits = loss_and_gradients(self.model, self.criterion, x, target, seed)
+            else:  # the same, over the workers: their targets are distributions
+                self.criterion.check_target(target, len(x), self.num_classes)
+                targets = self.criterion.targets(target, self.num_classes, x.dtype)
+                loss, logits = self.parallel.gradients(x, targets, seed)
+            grad = self.optimizer.grad
+            if self.trainable is not None:
+                grad *= self.trainable
+            if self.config.clip_grad:
+                norm = clip_grad_norm(grad, self.config.clip_grad)
+            else:
+                norm = grad_norm(grad)
+            self.optimizer.step(lr)
+        return loss, (logits.argmax(axis=1) == y).sum(), norm
+
+    def evaluator(self):
+        """What ``evaluate`` runs: the model, or the workers when there are some."""
+        return self.model if self.parallel is None else self.parallel

@@ -1,0 +1,275 @@
+"""How each checkpoint format names and lays out a ViT's tensors, mapped to
+tinyvit's own names (timm's).
+
+Every layout below is mapped to tinyvit's names by ``Rule``s, checking every
+tensor's name and shape against the config (``apply_rules``); one error lists
+every missing, unexpected or mis-shaped tensor and every unsupported dtype.
+
+In the shapes below: D embed_dim, C in_channels, P patch_size, N the number of
+tokens (the patches and the class token), M the MLP's hidden width
+(mlp_ratio * D), H heads, D/H each head's width, K classes, R representation_size.
+
+1. timm (``.safetensors``): tinyvit's own names and layouts, nothing to map::
+
+       cls_token (1, 1, D)   pos_embed (1, N, D)   patch_embed.proj.weight (D, C, P, P)
+       blocks.{i}.norm1, .attn.qkv (3D, D) with q, k, v stacked, .attn.proj (D, D),
+       blocks.{i}.norm2, .mlp.fc1 (M, D), .mlp.fc2 (D, M),
+       norm (class-token pooling) or fc_norm (mean pooling), pre_logits.fc (R, D), head (K, D)
+
+   The config comes from a ``config.json`` beside the file (the hub's layout:
+   ``architecture``, ``num_classes``, ``pretrained_cfg``, ``model_args``), and what
+   it leaves out from the tensor shapes. Shapes give everything but num_heads: the
+   qkv weight is (3D, D) for any number of heads. timm's model name tells it for
+   the paper's sizes (vit_tiny 3, small 6, base 12, large 16, huge 16); otherwise
+   pass ``num_heads=``.
+
+2. Hugging Face (a folder with ``config.json`` and ``model.safetensors``)::
+
+       vit.embeddings.cls_token                     -> cls_token
+       vit.embeddings.position_embeddings           -> pos_embed
+       vit.embeddings.patch_embeddings.projection   -> patch_embed.proj
+       vit.encoder.layer.{i}.layernorm_before       -> blocks.{i}.norm1
+       vit.encoder.layer.{i}.attention.attention.{query,key,value}   3 x (D, D)
+                                                    -> blocks.{i}.attn.qkv (3D, D), stacked
+       vit.encoder.layer.{i}.attention.output.dense -> blocks.{i}.attn.proj
+       vit.encoder.layer.{i}.layernorm_after        -> blocks.{i}.norm2
+       vit.encoder.layer.{i}.intermediate.dense     -> blocks.{i}.mlp.fc1
+       vit.encoder.layer.{i}.output.dense           -> blocks.{i}.mlp.fc2
+       vit.layernorm                                -> norm
+       classifier                                   -> head
+
+   A ``ViTModel`` file has the same names without ``vit.``, no classifier (the
+   model gets a new head), and often ``pooler.dense``: a tanh layer on the class
+   token that ``ViTForImageClassification`` does not use, ignored here. The config
+   maps hidden_size -> embed_dim, num_hidden_layers -> depth, num_attention_heads ->
+   num_heads, num_channels -> in_channels, intermediate_size / hidden_size ->
+   mlp_ratio, layer_norm_eps -> norm_eps (1e-12 in Hugging Face's models), and the
+   number of labels in id2label -> num_classes.
+
+3. The ViT paper's JAX checkpoints (``.npz``, Flax names joined by ``/``). Flax
+   Dense kernels are (in, out): transposed to PyTorch's (out, in). The attention
+   keeps heads as their own axis, which flattens to PyTorch's head-major rows::
+
+       embedding/kernel (P, P, C, D)                    -> patch_embed.proj.weight (D, C, P, P)
+       cls                                              -> cls_token
+       Transformer/posembed_input/pos_embedding         -> pos_embed
+       Transformer/encoderblock_{i}/
+         LayerNorm_0/{scale, bias}                      -> blocks.{i}.norm1.{weight, bias}
+         MultiHeadDotProductAttention_1/{query,key,value}/kernel 3 x (D, H, D/H)
+                                                        -> attn.qkv.weight (3D, D)
+         MultiHeadDotProductAttention_1/{query,key,value}/bias   3 x (H, D/H)
+                                                        -> attn.qkv.bias (3D,)
+         MultiHeadDotProductAttention_1/out/kernel (H, D/H, D) -> attn.proj.weight (D, D)
+         LayerNorm_2                                    -> norm2
+         MlpBlock_3/Dense_0/kernel (D, M)               -> mlp.fc1.weight (M, D)
+         MlpBlock_3/Dense_1/kernel (M, D)               -> mlp.fc2.weight (D, M)
+       Transformer/encoder_norm                         -> norm
+       pre_logits/kernel (D, R)                         -> pre_logits.fc.weight (R, D)
+       head/kernel (D or R, K)                          -> head.weight (K, D or R)
+
+   The number of heads is the query kernel's middle axis. The paper's code uses
+   the tanh approximation of GELU; tinyvit (like timm, which loads these files
+   too) uses the exact one, so logits differ from the JAX model's very slightly.
+
+4. tinyvit's own model files (``ViT.save``) and training checkpoints
+   (``last.npz``, ``best.npz``), which carry their config.
+
+``.safetensors`` files are read by ``safetensors_file.py``, the rest by
+``pretrained.py``.
+"""
+
+import dataclasses
+
+import numpy as np  # host-side file reading only
+
+from .formats import FORMATS, PretrainedError, Unsupported
+
+
+@dataclasses.dataclass
+class Rule:
+    """One tinyvit tensor made from tensors of the file."""
+
+    key: str  # the tinyvit (timm) name
+    sources: tuple  # names in the file
+    shapes: tuple  # their shapes in the file
+    convert: object = None  # file arrays -> the tinyvit array; None: the one array as it is
+
+    def apply(self, tensors):
+        arrays = [tensors[name] for name in self.sources]
+        return self.convert(*arrays) if self.convert else arrays[0]
+
+
+def shape_letters(f):
+    """The letters of the shapes above for the config fields ``f``: D embed_dim,
+    C in_channels, P patch_size, N tokens (patches and the class token), M the MLP's
+    hidden width."""
+    D, P = f["embed_dim"], f["patch_size"]
+    return D, f["in_channels"], P, (f["image_size"] // P) ** 2 + 1, int(D * f["mlp_ratio"])
+
+
+def _head_in(f):
+    return f.get("representation_size") or f["embed_dim"]
+
+
+def timm_rules(f, has_head=True):
+    """timm's names and shapes for the config fields ``f`` (num_heads not needed)."""
+    D, C, P, N, M = shape_letters(f)
+    shapes = {"cls_token": (1, 1, D), "pos_embed": (1, N, D),
+              "patch_embed.proj.weight": (D, C, P, P), "patch_embed.proj.bias": (D,)}
+    for i in range(f["depth"]):
+        b = f"blocks.{i}."
+        shapes.update({b + "norm1.weight": (D,), b + "norm1.bias": (D,),
+                       b + "attn.qkv.weight": (3 * D, D)})
+        if f["qkv_bias"]:
+            shapes[b + "attn.qkv.bias"] = (3 * D,)
+        shapes.update({b + "attn.proj.weight": (D, D), b + "attn.proj.bias": (D,),
+                       b + "norm2.weight": (D,), b + "norm2.bias": (D,),
+                       b + "mlp.fc1.weight": (M, D), b + "mlp.fc1.bias": (M,),
+                       b + "mlp.fc2.weight": (D, M), b + "mlp.fc2.bias": (D,)})
+    norm = "fc_norm" if f["pool"] == "mean" else "norm"
+    shapes.update({norm + ".weight": (D,), norm + ".bias": (D,)})
+    R = f.get("representation_size", 0)
+    if R:
+        shapes.update({"pre_logits.fc.weight": (R, D), "pre_logits.fc.bias": (R,)})
+    if has_head:
+        K = f["num_classes"]
+        shapes.update({"head.weight": (K, _head_in(f)), "head.bias": (K,)})
+    return [Rule(key, (key,), (shape,)) for key, shape in shapes.items()]
+
+
+def _stack(*arrays):
+    return np.concatenate(arrays, axis=0)  # q, k, v: 3 x (D, ...) -> (3D, ...)
+
+
+def hf_rules(f, prefix, has_head):
+    """Hugging Face's names (``prefix`` "vit." or "") for the config fields ``f``."""
+    D, C, P, N, M = shape_letters(f)
+    e = prefix + "embeddings."
+    rules = [Rule("cls_token", (e + "cls_token",), ((1, 1, D),)),
+             Rule("pos_embed", (e + "position_embeddings",), ((1, N, D),)),
+             Rule("patch_embed.proj.weight", (e + "patch_embeddings.projection.weight",),
+                  ((D, C, P, P),)),
+             Rule("patch_embed.proj.bias", (e + "patch_embeddings.projection.bias",), ((D,),))]
+
+    def linear(key, name, out, inp, bias=True):
+        rules.append(Rule(key + ".weight", (name + ".weight",), ((out, inp),)))
+        if bias:
+            rules.append(Rule(key + ".bias", (name + ".bias",), ((out,),)))
+
+    def norm(key, name):
+        rules.append(Rule(key + ".weight", (name + ".weight",), ((D,),)))
+        rules.append(Rule(key + ".bias", (name + ".bias",), ((D,),)))
+
+    for i in range(f["depth"]):
+        b, h = f"blocks.{i}.", f"{prefix}encoder.layer.{i}."
+        qkv = tuple(f"{h}attention.attention.{name}" for name in ("query", "key", "value"))
+        norm(b + "norm1", h + "layernorm_before")
+        rules.append(Rule(b + "attn.qkv.weight", tuple(n + ".weight" for n in qkv),
+                          ((D, D),) * 3, _stack))  # 3 x (D, D) -> (3D, D)
+        if f["qkv_bias"]:
+            rules.append(Rule(b + "attn.qkv.bias", tuple(n + ".bias" for n in qkv),
+                              ((D,),) * 3, _stack))  # 3 x (D,) -> (3D,)
+        linear(b + "attn.proj", h + "attention.output.dense", D, D)
+        norm(b + "norm2", h + "layernorm_after")
+        linear(b + "mlp.fc1", h + "intermediate.dense", M, D)
+        linear(b + "mlp.fc2", h + "output.dense", D, M)
+    norm("norm", prefix + "layernorm")
+    if has_head:
+        linear("head", "classifier", f["num_classes"], D)
+    return rules
+
+
+def _transpose(kernel):
+    return kernel.T  # Flax (in, out) -> PyTorch (out, in)
+
+
+def _heads_in(kernel):
+    return kernel.reshape(kernel.shape[0], -1).T  # (D, H, D/H) -> (D, D), rows head-major
+
+
+def _heads_out(kernel):
+    return kernel.reshape(-1, kernel.shape[-1]).T  # (H, D/H, D) -> (D, D)
+
+
+def _qkv_kernels(*kernels):
+    return _stack(*map(_heads_in, kernels))  # 3 x (D, H, D/H) -> (3D, D)
+
+
+def _flat(*biases):
+    return np.concatenate([b.reshape(-1) for b in biases])  # 3 x (H, D/H) -> (3D,)
+
+
+def _conv_kernel(kernel):
+    return kernel.transpose(3, 2, 0, 1)  # (P, P, C, D) -> (D, C, P, P)
+
+
+def jax_rules(f, has_head=True):
+    """The paper's Flax names for the config fields ``f``."""
+    D, C, P, N, M = shape_letters(f)
+    H = f["num_heads"]
+    rules = [Rule("cls_token", ("cls",), ((1, 1, D),)),
+             Rule("pos_embed", ("Transformer/posembed_input/pos_embedding",), ((1, N, D),)),
+             Rule("patch_embed.proj.weight", ("embedding/kernel",), ((P, P, C, D),), _conv_kernel),
+             Rule("patch_embed.proj.bias", ("embedding/bias",), ((D,),))]
+
+    def dense(key, name, inp, out):
+        rules.append(Rule(key + ".weight", (name + "/kernel",), ((inp, out),), _transpose))
+        rules.append(Rule(key + ".bias", (name + "/bias",), ((out,),)))
+
+    def norm(key, name):
+        rules.append(Rule(key + ".weight", (name + "/scale",), ((D,),)))
+        rules.append(Rule(key + ".bias", (name + "/bias",), ((D,),)))
+
+    for i in range(f["depth"]):
+        b, j = f"blocks.{i}.", f"Transformer/encoderblock_{i}/"
+        attn = j + "MultiHeadDotProductAttention_1/"
+        qkv = tuple(attn + name for name in ("query", "key", "value"))
+        norm(b + "norm1", j + "LayerNorm_0")
+        rules.append(Rule(b + "attn.qkv.weight", tuple(n + "/kernel" for n in qkv),
+                          ((D, H, D // H),) * 3, _qkv_kernels))  # -> (3D, D)
+        rules.append(Rule(b + "attn.qkv.bias", tuple(n + "/bias" for n in qkv),
+                          ((H, D // H),) * 3, _flat))  # -> (3D,)
+        rules.append(Rule(b + "attn.proj.weight", (attn + "out/kernel",), ((H, D // H, D),),
+                          _heads_out))
+        rules.append(Rule(b + "attn.proj.bias", (attn + "out/bias",), ((D,),)))
+        norm(b + "norm2", j + "LayerNorm_2")
+        dense(b + "mlp.fc1", j + "MlpBlock_3/Dense_0", D, M)
+        dense(b + "mlp.fc2", j + "MlpBlock_3/Dense_1", M, D)
+    norm("norm", "Transformer/encoder_norm")
+    R = f.get("representation_size", 0)
+    if R:
+        dense("pre_logits.fc", "pre_logits", D, R)
+    if has_head:
+        dense("head", "head", _head_in(f), f["num_classes"])
+    return rules
+
+
+def _describe(fields):
+    names = ("image_size", "patch_size", "in_channels", "embed_dim", "depth", "num_heads",
+             "mlp_ratio", "num_classes", "representation_size", "pool")
+    return ", ".join(f"{n}={fields[n]!r}" for n in names if n in fields)
+
+
+def apply_rules(path, kind, fields, tensors, rules, ignored=()):
+    """The tinyvit state dict made by ``rules``, after checking every tensor named
+    in them (present, float, of the expected shape) and that the file has no other
+    tensor than those and the ``ignored`` ones; one PretrainedError lists every problem."""
+    problems, expected = [], set()
+    for rule in rules:
+        for name, shape in zip(rule.sources, rule.shapes):
+            expected.add(name)
+            tensor = tensors.get(name)
+            if tensor is None:
+                problems.append(f"missing tensor {name}: expected shape {shape}")
+            elif isinstance(tensor, Unsupported):
+                problems.append(f"unsupported dtype: {name} is {tensor.dtype}, expected a float "
+                                "(F32, F64, F16 or BF16)")
+            elif tuple(tensor.shape) != shape:
+                problems.append(f"wrong shape: {name} expected {shape}, got {tuple(tensor.shape)}")
+    for name, tensor in tensors.items():
+        if name not in expected and name not in ignored:
+            problems.append(f"unexpected tensor {name} of shape {tuple(tensor.shape)}")
+    if problems:
+        head = f"{path} ({FORMATS[kind]}): the tensors do not match a ViT with {_describe(fields)}:"
+        raise PretrainedError("\n".join([head] + [f"  {p}" for p in problems]))
+    return {rule.key: np.ascontiguousarray(rule.apply(tensors)) for rule in rules}
