@@ -1,4 +1,4 @@
-"""Data parallelism over worker processes (tinyvit.parallel): the workers' gradient
+"""Data parallelism over worker processes (tinyvit/train/parallel.py): the workers' gradient
 is the one-process gradient, inference matches, and failures get clear errors.
 
 NumPy only: the workers share host memory. Each test starts real processes
@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from tinyvit import backend as B
+from tinyvit.fast import accelerate
 from tinyvit.models import ViT
 from tinyvit.nn.loss import SoftmaxCrossEntropy
 from tinyvit.train.parallel import MAX_AUTO_WORKERS, DataParallel, auto_workers, cpu_cores
@@ -29,8 +30,12 @@ def batch(n, seed=0):
 
 
 @pytest.mark.parametrize("workers, n", [(2, 7), (3, 8)])  # uneven shares: 3+4 and 2+3+3
-def test_gradients_equal_the_one_process_gradients(float64, workers, n):
+@pytest.mark.parametrize("tier", ["reference", "fast"])
+def test_gradients_equal_the_one_process_gradients(float64, tier, workers, n):
+    """The workers build their replicas in the parent's tier."""
     model = ViT(dropout=0.0, **SMALL)
+    if tier == "fast":
+        accelerate(model)
     criterion = SoftmaxCrossEntropy(label_smoothing=0.1)
     x, y = batch(n)
     logits = model.forward(x)
@@ -40,6 +45,7 @@ def test_gradients_equal_the_one_process_gradients(float64, workers, n):
     expected = model.flat_parameters()[1].copy()
     model.zero_grad()
     with DataParallel(model, workers, max_batch=8) as parallel:
+        assert parallel.fast == (tier == "fast")
         parallel_loss, parallel_logits = parallel.gradients(x, criterion.targets(y, 5, x.dtype))
     np.testing.assert_allclose(model.flat_parameters()[1], expected, rtol=1e-12, atol=1e-15)
     np.testing.assert_allclose(parallel_logits, logits, rtol=1e-12, atol=1e-15)

@@ -397,3 +397,59 @@ def test_smoke_on_real_cifar10(tmp_path):
     metrics = json.loads((tmp_path / "cifar" / "metrics.json").read_text())
     assert list(metrics["per_class_accuracy"])[:2] == ["airplane", "automobile"]
     assert (tmp_path / "cifar" / "confusion.png").is_file()
+
+
+@pytest.mark.parametrize("flags, first_line", [
+    ([], "layers: fast kernels of tinyvit.fast.cpu: Linear x"),
+    (["--reference"], "layers: reference layers (tinyvit.nn)"),
+])
+def test_the_trainer_says_which_layers_it_runs(stripes, tmp_path, capsys, flags, first_line):
+    """Fast kernels by default, the reference layers with --reference; the first line
+    says which, and the run's config records it."""
+    out = tmp_path / "run"
+    args = ["--data-dir", str(stripes), "--out", str(out), "--epochs", "1", "--workers", "1",
+            "--embed-dim", "16", "--depth", "1", "--num-heads", "2", "--train-subset", "64",
+            *flags]
+    capsys.readouterr()
+    assert train_mnist.main(args) == 0
+    assert capsys.readouterr().out.splitlines()[0].startswith(first_line)
+    _, _, meta = load_checkpoint(out / "last.npz")
+    assert meta["config"]["tier"] == ("reference" if flags else "fast")
+
+
+def test_a_full_disk_keeps_the_last_checkpoint_and_says_how_to_resume(stripes, tmp_path,
+                                                                     monkeypatch, capsys):
+    """Epoch 1's best.npz meets a full disk (ENOSPC): its last.npz, written first, is
+    whole; the temporary file is gone; one line names the file, the space it needs
+    and --resume, and the run resumes from there."""
+    import errno
+
+    import tinyvit.files as files
+
+    out = tmp_path / "run"
+    args = ["--data-dir", str(stripes), "--out", str(out), "--epochs", "3", "--workers", "1",
+            "--embed-dim", "16", "--depth", "1", "--num-heads", "2", "--batch-size", "32",
+            "--lr", "1e-2", "--shift", "0"]
+    replace, calls = files.os.replace, []
+
+    def full_disk(source, target):
+        calls.append(Path(target).name)
+        if target.name == "best.npz":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        replace(source, target)
+
+    monkeypatch.setattr(files.os, "replace", full_disk)
+    capsys.readouterr()
+    assert train_mnist.main(args) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # after the progress bar's
+    assert err.startswith(f"train_mnist.py: error: no space left on the device for "
+                          f"{out / 'best.npz'}: it needs about ")
+    assert err.endswith(f"free some space, then continue with --resume {out}")
+    assert calls == ["last.npz", "best.npz"]  # last.npz first
+    assert sorted(p.name for p in out.iterdir()) == ["last.npz"]  # no temporary file left
+    _, _, meta = load_checkpoint(out / "last.npz")
+    assert (meta["epoch"], meta["step"]) == (1, 0)
+    monkeypatch.setattr(files.os, "replace", replace)
+    assert train_mnist.main(["--resume", str(out)]) == 0
+    _, _, meta = load_checkpoint(out / "last.npz")
+    assert meta["epoch"] == 3

@@ -17,13 +17,11 @@ def keep_freed_memory():
     Why: by default glibc's malloc gives a large block its own memory mapping
     and unmaps it on free, and returns free memory at the top of its heap to the
     system; the next array of that size then page-faults each 4 KiB page back
-    in, zeroed by the kernel. A forward and backward allocate and free hundreds
-    of temporaries: on the benchmark's config B, each of two workers' inference
-    forwards (batch 64) made about 14,000 page faults, and the batch of 128 took
-    191 ms instead of 254 without them. How: mmap threshold 32 MiB, trim
-    threshold 1 GiB (each alone made more faults, not fewer: setting one fixes
-    the other at its small default). The cost: a process keeps up to its peak
-    memory until it exits.
+    in, zeroed by the kernel, and a forward and backward allocate and free
+    hundreds of temporaries (docs/performance.md has the page faults and the
+    time they cost). How: mmap threshold 32 MiB, trim threshold 1 GiB (both
+    together: setting one fixes the other at its small default). The cost: a
+    process keeps up to its peak memory until it exits.
 
     Returns True when glibc took both settings; False elsewhere (macOS, Windows,
     musl), where it changes nothing.

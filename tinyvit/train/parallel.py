@@ -86,7 +86,7 @@ class DataParallel:
         self.data, self.grad, _ = model.flat_parameters()
         self.buffers = model.flat_buffers()  # BatchNorm's running averages, if any
         config = model.config
-        fast = any(m.tier == "fast" for _, m in model.named_modules())
+        self.fast = any(m.tier == "fast" for _, m in model.named_modules())  # the workers' too
         # a fresh interpreter: no forked BLAS threads
         context = multiprocessing.get_context("spawn")
         shapes = {
@@ -105,7 +105,7 @@ class DataParallel:
         self.pipes, self.processes, self._worker_ends = [], [], []
         for rank in range(workers):
             parent_end, worker_end = context.Pipe()
-            args = (rank, config, dtype, fast,
+            args = (rank, config, dtype, self.fast,
                     {name: (raw[name], shapes[name], dtype) for name in shapes}, worker_end)
             self.pipes.append(parent_end)
             self._worker_ends.append(worker_end)
