@@ -31,7 +31,7 @@ SMOOTHING = 0.1
 @pytest.fixture(autouse=True, scope="module")
 def one_torch_thread():
     """Tensors this small gain nothing from torch's thread pool, and on a busy
-    machine its threads contend: 10 training steps took 6 s with 2 threads, 0.1 s with 1."""
+    machine its threads contend and slow the test many times over."""
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

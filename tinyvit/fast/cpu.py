@@ -349,7 +349,7 @@ class Conv2d(FastKernel, conv.Conv2d):
         C, B, kh, kw, Ho, Wo = windows.shape
         y = xp.empty((B, self.out_channels, Ho, Wo), dtype=x.dtype)
         for images in self.image_blocks(B, windows[:, 0].nbytes):
-            out = w2 @ _columns(windows[:, images])  # (F, b*Ho*Wo)
+            out = w2 @ conv.im2col(windows[:, images])  # (F, b*Ho*Wo)
             if self.bias is not None:
                 out += self.bias.data[:, None]
             y[images] = out.reshape(self.out_channels, -1, Ho, Wo).transpose(1, 0, 2, 3)
@@ -360,7 +360,7 @@ class Conv2d(FastKernel, conv.Conv2d):
         C, B, kh, kw, Ho, Wo = windows.shape
         dw2, dxpad = xp.zeros_like(w2), xp.zeros_like(xpad)
         for images in self.image_blocks(B, windows[:, 0].nbytes):
-            cols = _columns(windows[:, images])  # (K, b*Ho*Wo), formed again
+            cols = conv.im2col(windows[:, images])  # (K, b*Ho*Wo), formed again
             dy = xp.ascontiguousarray(dout[images].transpose(1, 0, 2, 3))
             dy = dy.reshape(self.out_channels, -1)  # (F, b*Ho*Wo)
             if self.bias is not None:
@@ -418,12 +418,6 @@ class Conv2d(FastKernel, conv.Conv2d):
         """xpad (B, Hp, Wp, C) -> its windows (B, Ho, Wo, kh, kw, C), a view."""
         windows = conv.sliding_windows(xpad.transpose(0, 3, 1, 2), self.kernel_size, self.stride)
         return windows.transpose(0, 4, 5, 2, 3, 1)  # from (B, C, kh, kw, Ho, Wo)
-
-
-def _columns(windows):
-    """im2col: windows (C, b, kh, kw, Ho, Wo) -> columns (C*kh*kw, b*Ho*Wo), a copy."""
-    C, b, kh, kw, Ho, Wo = windows.shape
-    return windows.transpose(0, 2, 3, 1, 4, 5).reshape(C * kh * kw, b * Ho * Wo)
 
 
 def _kernel_channels_last(w2, C, kh, kw):

@@ -77,6 +77,14 @@ def sliding_windows(xpad, kernel, stride):
     )
 
 
+def im2col(windows):
+    """The columns of a convolution, a copy: windows (C, B, kh, kw, Ho, Wo) of a
+    channels-first padded input -> cols (C*kh*kw, B*Ho*Wo), column m holding the
+    K = C*kh*kw inputs of output pixel m in (c, i, j) order."""
+    C, B, kh, kw, Ho, Wo = windows.shape
+    return windows.transpose(0, 2, 3, 1, 4, 5).reshape(C * kh * kw, B * Ho * Wo)
+
+
 def col2im(dwindows, dxpad, stride):
     """The adjoint of ``sliding_windows``: adds each entry of dwindows (..., kh, kw,
     Ho, Wo) into the pixel of dxpad (..., Hp, Wp) it was read from, and returns
@@ -163,7 +171,7 @@ class Conv2d(Module):
         xpad = pad_spatial(x.transpose(1, 0, 2, 3), self.padding)  # (C, B, Hp, Wp)
         windows = sliding_windows(xpad, self.kernel_size, self.stride)  # (C, B, kh, kw, Ho, Wo)
         Ho, Wo = windows.shape[-2:]
-        cols = windows.transpose(0, 2, 3, 1, 4, 5).reshape(-1, B * Ho * Wo)  # (K, M), a copy
+        cols = im2col(windows)  # (K, M)
         w2, rstd = self.weight_matrix()  # (F, K)
         y = w2 @ cols  # (F, M)
         if self.bias is not None:

@@ -195,7 +195,7 @@ def _qkv_kernels(*kernels):
     return _stack(*map(_heads_in, kernels))  # 3 x (D, H, D/H) -> (3D, D)
 
 
-def _flat(*biases):
+def _flat_biases(*biases):
     return np.concatenate([b.reshape(-1) for b in biases])  # 3 x (H, D/H) -> (3D,)
 
 
@@ -228,7 +228,7 @@ def jax_rules(f, has_head=True):
         rules.append(Rule(b + "attn.qkv.weight", tuple(n + "/kernel" for n in qkv),
                           ((D, H, D // H),) * 3, _qkv_kernels))  # -> (3D, D)
         rules.append(Rule(b + "attn.qkv.bias", tuple(n + "/bias" for n in qkv),
-                          ((H, D // H),) * 3, _flat))  # -> (3D,)
+                          ((H, D // H),) * 3, _flat_biases))  # -> (3D,)
         rules.append(Rule(b + "attn.proj.weight", (attn + "out/kernel",), ((H, D // H, D),),
                           _heads_out))
         rules.append(Rule(b + "attn.proj.bias", (attn + "out/bias",), ((D,),)))

@@ -84,13 +84,9 @@ class Pretrained:
         model = ViT(config, seed=seed, dtype=dtype)
         state, notes = adapt_state(self, model, head)
         model.load_state_dict(state)
-        for line in self.notes + notes:
-            (log or _quiet)(line)
+        for line in self.notes + notes if log else ():
+            log(line)
         return model
-
-
-def _quiet(line):
-    pass
 
 
 def _json(path):
