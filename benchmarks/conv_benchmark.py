@@ -56,8 +56,7 @@ for _name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from benchmark import openblas_info, processor_model  # noqa: E402
-
+from machine import openblas_info, processor_model  # noqa: E402
 from tinyvit import allocator, backend  # noqa: E402
 from tinyvit.fast import accelerate  # noqa: E402
 from tinyvit.models import PRESETS  # noqa: E402

@@ -27,6 +27,12 @@ def bench():
     return load_script(SCRIPT)
 
 
+@pytest.fixture(scope="module")
+def measure(bench):
+    """benchmark.py's timing and FLOP counts (loading it puts benchmarks/ on sys.path)."""
+    return importlib.import_module("measure")
+
+
 class FakeClock:
     """Seconds that only the fake runners' steps advance; ``last`` is the
     (framework, phase) of the step before."""
@@ -59,14 +65,14 @@ class FakeRunner:
 
 
 @pytest.mark.parametrize("warmup, slow_steps", [(0, 7), (1, 0), (2, 0)])
-def test_every_turn_starts_with_untimed_steps(bench, monkeypatch, warmup, slow_steps):
+def test_every_turn_starts_with_untimed_steps(measure, monkeypatch, warmup, slow_steps):
     """2 rounds of 3 timed steps: every turn (framework x phase x round) begins with
     ``warmup`` untimed steps, which take the switching cost; with none, the first
     timed step of every turn but the very first pays it (7 of 8 turns)."""
     clock = FakeClock()
-    monkeypatch.setattr(bench.time, "perf_counter", lambda: clock.now)
+    monkeypatch.setattr(measure.time, "perf_counter", lambda: clock.now)
     runners = [FakeRunner("tinyvit", clock), FakeRunner("torch", clock)]
-    times = bench.time_interleaved(runners, steps=3, rounds=2, warmup=warmup)
+    times = measure.time_interleaved(runners, steps=3, rounds=2, warmup=warmup)
     assert sorted(times) == sorted((n, p) for n in ("tinyvit", "torch") for p in ("train", "infer"))
     assert all(len(ms) == 6 for ms in times.values())
     timed = [t for ms in times.values() for t in ms]
@@ -141,7 +147,7 @@ def check_runner_figures(config, name):
 
 
 @pytest.mark.slow
-def test_benchmark_times_both_tiers(bench, tmp_path):
+def test_benchmark_times_both_tiers(bench, measure, tmp_path):
     figures, stdout = run_tiny(tmp_path, "--tiers", "fast,reference")
     config = figures["configs"]["A"]
     torch = ["torch"] if figures["machine"]["torch"] else []
@@ -154,7 +160,7 @@ def test_benchmark_times_both_tiers(bench, tmp_path):
     assert sorted(config["check"]["runners"]) == sorted(["tinyvit-reference", *torch])
     # both tiers' last block computes the class token's row alone
     flops = config["forward_matmul_flops"]
-    one_row = bench.matmul_flops(bench.CONFIGS["A"], 8, last_block_rows=1)
+    one_row = measure.matmul_flops(bench.CONFIGS["A"], 8, last_block_rows=1)
     assert flops["tinyvit"] == flops["tinyvit-reference"] == one_row
     ratios = config["tinyvit-reference"]["ratio_to"]
     assert sorted(ratios) == sorted(["tinyvit", *torch]) and ratios["tinyvit"]["train_ms"] > 0
