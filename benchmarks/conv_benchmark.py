@@ -12,7 +12,7 @@ machine gets; see benchmarks/README.md):
     --json FILE   the same figures as JSON
 
 What is timed, per convolution of the hybrid presets' stems (``PRESETS`` in
-tinyvit/model.py), with the same float32 input,
+tinyvit/models/config.py), with the same float32 input,
 weights and upstream gradient in both frameworks (checked to agree first):
 forward, then backward (the input's gradient, the weight's and the bias's).
 Each round times tinyvit once and torch once, their order alternating round by

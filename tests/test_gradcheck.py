@@ -1,11 +1,13 @@
-"""``python -m tinyvit.gradcheck``: what it prints and when it fails."""
+"""``python -m tinyvit.gradcheck``: what it prints, which cases it runs, when it fails."""
 
 import subprocess
 import sys
 
+import pytest
+
 from tinyvit import backend as B
 from tinyvit.gradcheck import __main__ as command
-from tinyvit.gradcheck import randn
+from tinyvit.gradcheck import cases, randn
 from tinyvit.nn import layers
 
 
@@ -16,44 +18,73 @@ class BrokenLinear(layers.Linear):
         return 2 * super().backward(dout)
 
 
-def run(monkeypatch, capsys, cases):
-    monkeypatch.setattr(command, "cases", lambda: cases)
-    status = command.main()
+def run(monkeypatch, capsys, built, argv=()):
+    monkeypatch.setattr(command, "cases", lambda: built)
+    status = command.main(list(argv))
     return status, capsys.readouterr().out.splitlines()
 
 
-def test_prints_every_tensor_of_each_tier(monkeypatch, capsys):
-    def linear():
-        return layers.Linear(4, 3, rng=B.host_rng(0)), (randn(2, 4),), None
+def linear():
+    return layers.Linear(4, 3, rng=B.host_rng(0)), (randn(2, 4),), None
 
-    status, out = run(monkeypatch, capsys, [("Linear", linear), ("Tanh", lambda: (
-        layers.Tanh(), (randn(2, 4),), None))])
+
+def tanh():
+    return layers.Tanh(), (randn(2, 4),), None
+
+
+def test_prints_a_row_per_tensor_of_each_tier_with_pass_or_fail(monkeypatch, capsys):
+    status, out = run(monkeypatch, capsys, [("Linear", linear), ("Tanh", tanh)])
     assert status == 0
-    rows = [line.split()[:3] for line in out[2:-1]]
-    assert rows == [[tier, "Linear", tensor] for tier in ("reference", "fast")
-                    for tensor in ("input", "weight", "bias")] + [
-        ["reference", "Tanh", "input"], ["fast", "Tanh", "the"]]
-    assert out[-2].endswith("the same classes as the reference")
-    assert out[-1].endswith("all within 1e-07")
+    assert out[1:] == [
+        "== Linear (reference)",
+        "  Linear   docs/backprop.md#linear",
+        *[line for line in out[3:6]],
+        "== Linear (fast)",
+        "  Linear   docs/backprop.md#linear",
+        *[line for line in out[8:11]],
+        "== Tanh (reference)",
+        "  Tanh   docs/backprop.md#tanh",
+        out[13],
+        "== Tanh (fast): the same classes as the reference",
+        "7 of 7 tensors passed (all within 1e-07)",
+    ]
+    rows = [line.split()[:2] for line in out[3:6] + out[8:11] + out[13:14]]
+    assert rows == [["PASS", "input"], ["PASS", "weight"], ["PASS", "bias"]] * 2 + [
+        ["PASS", "input"]]
 
 
-def test_a_wrong_backward_fails(monkeypatch, capsys):
-    def broken():
-        return BrokenLinear(4, 3, rng=B.host_rng(0)), (randn(2, 4),), None
-
-    status, out = run(monkeypatch, capsys, [("broken", broken)])
+def test_a_wrong_backward_fails_and_says_how(monkeypatch, capsys):
+    status, out = run(monkeypatch, capsys, [("broken", lambda: (
+        BrokenLinear(4, 3, rng=B.host_rng(0)), (randn(2, 4),), None))])
     assert status == 1
-    # the fast tier has no kernel for the subclass: only the reference row is checked
-    assert [line.split()[:3] for line in out if line.endswith("> 1e-07")] == [
-        ["reference", "broken", "input"]]
-    assert out[-1].endswith("above 1e-07")
+    # the fast tier has no kernel for the subclass: only the reference rows are checked
+    assert [line.split()[:2] for line in out if "rel_err" in line] == [
+        ["FAIL", "input"], ["PASS", "weight"], ["PASS", "bias"]]
+    assert "          computed/expected = 2 everywhere: added 2 times" in out
+    assert out[-1] == "2 of 3 tensors passed (not all within 1e-07)"
+
+
+def test_layer_and_tier_choose_what_runs(monkeypatch, capsys):
+    status, out = run(monkeypatch, capsys, [("Linear", linear), ("Tanh", tanh)],
+                      ["--layer", "Tanh", "--tier", "fast"])
+    assert status == 0
+    assert [line for line in out if line.startswith("==")] == ["== Tanh (fast)"]
+    assert out[-1] == "1 of 1 tensors passed (all within 1e-07)"
+
+
+def test_an_unknown_layer_is_named(capsys):
+    with pytest.raises(SystemExit):
+        command.main(["--layer", "Linear", "Transformer"])
+    assert "no case named Transformer; the cases: Linear, Patchify" in capsys.readouterr().err
 
 
 def test_the_whole_command_passes():
     result = subprocess.run([sys.executable, "-m", "tinyvit.gradcheck"], capture_output=True,
                             text=True, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
-    cases = [name for name, _ in command.cases()]
-    checked = {line[11:31].strip() for line in result.stdout.splitlines()[2:-1]}
-    assert checked == set(cases)
-    assert "patch_embed.backbone.conv1.weight" in result.stdout
+    headers = {line[3:].rsplit(" (", 1)[0] for line in result.stdout.splitlines()
+               if line.startswith("== ")}
+    assert headers == {name for name, _ in cases.cases()}
+    assert "FAIL" not in result.stdout
+    assert "patch_embed.backbone.conv1 (Conv2d)" in result.stdout
+    assert result.stdout.splitlines()[-1].endswith("tensors passed (all within 1e-07)")

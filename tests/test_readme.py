@@ -48,5 +48,10 @@ def test_an_edited_backward_is_what_is_checked_and_what_runs(monkeypatch):
     with B.default_dtype("float64"):
         model = tinyvit.create_model("mnist", image_size=8, patch_size=4, embed_dim=8, depth=2,
                                      num_heads=2)
-    with pytest.raises(AssertionError, match="blocks.0.attn.qkv.weight"):
+    with pytest.raises(AssertionError) as failed:
         tinyvit.gradient_check(model, randn(2, 1, 8, 8)).assert_ok(tol=1e-7)
+    # the last block's keys: computed/expected = 1/2 in every head, its queries and values right
+    assert ("blocks.1.attn.qkv (Linear)   docs/backprop.md#linear\n"
+            "  FAIL  weight") in str(failed.value)
+    assert ("        q rows, every head: right\n"
+            "        k rows, every head: computed/expected = 0.5") in str(failed.value)

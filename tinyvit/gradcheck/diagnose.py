@@ -1,0 +1,268 @@
+"""What a failing gradient got wrong, said in the layer's own terms.
+
+A relative error says that a gradient is wrong, not how. For a tensor that fails
+its check, ``diagnose`` compares the computed gradient with the expected one
+(central differences) and reports what it finds:
+
+- a constant ratio computed/expected, read where it means something: 0 (a term
+  never added), -1 (a sign), 1/M (a sum over M rows taken as their mean), an
+  integer k (added k times), sqrt(Dh) or 1/sqrt(Dh) (attention's scale missing or
+  applied twice);
+- the expected gradient transposed (an (in, out) weight gradient for (out, in));
+- the upstream gradient ``dout`` passed on as it came (a mask or a branch forgotten);
+- where the error sits: the q, k or v rows of a fused qkv projection and which heads,
+  or whole rows or whole columns of a weight;
+- an invariant of the derivation broken (LayerNorm's input gradient sums to zero
+  over the features; the key bias's gradient is exactly zero);
+- a term of the derivation missing (GELU's x phi(x), LayerNorm's mean(g));
+- a gradient assigned instead of accumulated (a second backward left it as it was).
+
+Shapes: M rows, D features, H heads, Dh = D / H.
+"""
+
+import dataclasses
+import math
+
+import numpy as np  # the diagnosis works on host copies
+
+from ..backend import to_host
+from ..nn import layers
+from ..nn.functional import INV_SQRT_2PI, SQRT_HALF, erf, standardize
+
+FLAT = 1e-6  # a ratio is constant when every entry is within this of it, relative
+CLOSE = 1e-6  # two gradients are the same when they differ by this, relative to their scale
+MEANINGFUL = 1e-2  # entries below this share of the largest are left out of ratios
+MOST_LISTED = 6  # rows, columns or heads named one by one at most
+
+ASSIGNED = ("assigned, not accumulated: a second backward without zero_grad left it as it "
+            "was instead of doubling it; gradients add up (+=), so that residual branches "
+            "and shared layers sum")
+
+
+@dataclasses.dataclass
+class Context:
+    """What the diagnosis may look at besides the two gradients: the module checked,
+    its input and the upstream gradient of the check."""
+
+    module: object
+    x: object
+    dout: object
+
+    def owner(self, name):
+        """(the layer holding parameter ``name``, its attribute name in the layer above,
+        the layer above): for "blocks.0.attn.qkv.weight", the qkv Linear, "qkv" and
+        the Attention."""
+        path = name.rsplit(".", 1)[0] if "." in name else ""
+        modules = dict(self.module.named_modules())
+        parent_path, _, attribute = path.rpartition(".")
+        return modules.get(path), attribute, modules.get(parent_path if path else None)
+
+
+def diagnose(check, computed, expected, context, tol):
+    """The findings for a tensor that failed its check, one line each; ``computed``
+    and ``expected`` are host arrays."""
+    findings = [] if check.accumulates else [ASSIGNED]
+    if check.rel_err <= tol:
+        return findings
+    findings += _overall(check.name, computed, expected, context)
+    findings += _where(check.name, computed, expected, context, tol)
+    findings += _layer(check.name, computed, expected, context)
+    return findings or ["no simple pattern: compare it with its derivation line by line"]
+
+
+# -- the whole tensor -------------------------------------------------------------------
+
+
+def _overall(name, computed, expected, context):
+    """Zero, a constant ratio, the transpose, or dout as it came."""
+    if not computed.any():
+        return ["computed is zero everywhere: this gradient is never added"]
+    ratio = constant_ratio(computed, expected)
+    if ratio is not None:
+        value, meaning = _read_ratio(ratio, _head_dim(name, context))
+        return [f"computed/expected = {value} everywhere: {meaning}"]
+    if computed.ndim == 2 and computed.shape[0] == computed.shape[1] and _same(computed,
+                                                                               expected.T):
+        return ["computed is the expected gradient transposed: an (in, out) matrix where "
+                "(out, in) is meant (dW = dy^T x, not x^T dy)"]
+    if name == "input" and _same(computed, to_host(context.dout)):
+        return ["computed is dout as it came: the backward passes the upstream gradient on "
+                f"unchanged{_passed_on_hint(context.module)}"]
+    return []
+
+
+def constant_ratio(computed, expected):
+    """computed / expected when it is one number for every entry (and computed is zero
+    where expected is), else None."""
+    scale = np.abs(expected).max()
+    if scale == 0:
+        return None
+    meaningful = np.abs(expected) > MEANINGFUL * scale
+    ratios = computed[meaningful] / expected[meaningful]
+    ratio = float(np.median(ratios))
+    flat = np.abs(ratios - ratio).max() <= FLAT * max(1.0, abs(ratio))
+    largest = max(scale, np.abs(computed).max())
+    everywhere = np.abs(computed - ratio * expected).max() <= CLOSE * largest
+    return ratio if flat and everywhere else None
+
+
+def _read_ratio(ratio, head_dim):
+    """(a ratio as text, what it usually means)."""
+    if head_dim and math.isclose(ratio, math.sqrt(head_dim), rel_tol=1e-4):
+        return (f"{ratio:.6g} = sqrt(Dh), Dh = {head_dim}",
+                "the 1/sqrt(Dh) scale of the scores is missing in the backward")
+    if head_dim and math.isclose(ratio, 1 / math.sqrt(head_dim), rel_tol=1e-4):
+        return f"{ratio:.6g} = 1/sqrt(Dh), Dh = {head_dim}", "the 1/sqrt(Dh) scale is applied twice"
+    if math.isclose(ratio, -1.0, rel_tol=1e-6):
+        return "-1", "a sign is wrong"
+    rows = round(1 / ratio)
+    if rows >= 2 and math.isclose(ratio * rows, 1.0, rel_tol=1e-6):
+        return (f"1/{rows}", f"a sum over {rows} values (the rows of the batch) taken as their "
+                "mean; a gradient adds up over every row that used the parameter")
+    times = round(ratio)
+    if times >= 2 and math.isclose(ratio, times, rel_tol=1e-6):
+        return f"{times}", f"added {times} times"
+    return f"{ratio:.6g}", "a constant factor is wrong"
+
+
+def _same(a, b):
+    return a.shape == b.shape and np.abs(a - b).max() <= CLOSE * max(np.abs(b).max(), 1e-300)
+
+
+def _passed_on_hint(module):
+    if isinstance(module, layers.Dropout):
+        return " (the forward's mask is not applied: dx = dout * mask)"
+    if isinstance(module, layers.Residual):
+        return " (the skip's share alone: the branch's gradient is not added, dx = dout + df)"
+    return ""
+
+
+def _head_dim(name, context):
+    layer, _, parent = context.owner(name) if name != "input" else (context.module, "", None)
+    for candidate in (layer, parent):
+        if hasattr(candidate, "head_dim"):
+            return candidate.head_dim
+    return None
+
+
+# -- where in the tensor ------------------------------------------------------------------
+
+
+def _where(name, computed, expected, context, tol):
+    layer, attribute, parent = context.owner(name) if name != "input" else (None, "", None)
+    if attribute == "qkv" and hasattr(parent, "num_heads"):
+        return _qkv_parts(name, computed, expected, parent, tol)
+    if computed.ndim == 2 and name.endswith(".weight"):
+        return _rows_and_columns(computed, expected, tol)
+    return []
+
+
+def _qkv_parts(name, computed, expected, attention, tol):
+    """The fused projection's rows (or bias entries) are q, k, v stacked, each split into
+    H heads of Dh rows: which part and which heads are wrong, and how."""
+    H, Dh = attention.num_heads, attention.head_dim
+    scale = max(np.abs(computed).max(), np.abs(expected).max())
+    findings = []
+    for p, part in enumerate("qkv"):
+        verdicts = []
+        for h in range(H):
+            rows = slice((p * H + h) * Dh, (p * H + h + 1) * Dh)
+            verdicts.append(_verdict(computed[rows], expected[rows], tol * scale, Dh))
+        findings.append(f"{part} {'rows' if computed.ndim == 2 else 'entries'}, "
+                        f"{_by_head(verdicts)}")
+    if name.endswith("qkv.bias"):
+        findings += _key_bias_is_zero(computed[H * Dh:2 * H * Dh], expected)
+    return findings
+
+
+def _verdict(computed, expected, error, head_dim):
+    """How one head's rows of q, k or v compare: "right" within ``error``, "zero", a
+    constant ratio, or "wrong"."""
+    if np.abs(computed - expected).max() <= error:
+        return "right"
+    if not computed.any():
+        return "zero"
+    ratio = constant_ratio(computed, expected)
+    if ratio is None:
+        return "wrong"
+    value, meaning = _read_ratio(ratio, head_dim)
+    return f"computed/expected = {value} ({meaning})"
+
+
+def _by_head(verdicts):
+    if len(set(verdicts)) == 1:
+        return f"every head: {verdicts[0]}"
+    return "; ".join(f"head {h}: {v}" for h, v in enumerate(verdicts))
+
+
+def _key_bias_is_zero(key_bias, expected):
+    """The key bias adds the same q . b_k to every score of a row, and each row of
+    the softmax's input gradient dS sums to zero, so its gradient is exactly zero."""
+    size = np.abs(key_bias).max()
+    if size <= CLOSE * max(np.abs(expected).max(), 1e-300):
+        return []
+    return [f"the key bias's gradient must be exactly zero (it adds the same q.b to every score "
+            f"of a row, and each row of dS sums to zero) but reaches {size:.3g}: the softmax "
+            "backward lacks its row-sum term, dS = A * (dA - sum_j dA_j A_j)"]
+
+
+def _rows_and_columns(computed, expected, tol):
+    """Whole rows, or whole columns, of an (out, in) weight that are wrong."""
+    scale = max(np.abs(computed).max(), np.abs(expected).max())
+    bad = np.abs(computed - expected) > tol * scale
+    rows, columns = np.flatnonzero(bad.all(axis=1)), np.flatnonzero(bad.all(axis=0))
+    if 0 < len(rows) < bad.shape[0] and bad.sum() == len(rows) * bad.shape[1]:
+        return [f"wrong in whole rows {_listed(rows)} (output units), right in the others"]
+    if 0 < len(columns) < bad.shape[1] and bad.sum() == len(columns) * bad.shape[0]:
+        return [f"wrong in whole columns {_listed(columns)} (input features), right in the others"]
+    return []
+
+
+def _listed(indices):
+    shown = ", ".join(str(i) for i in indices[:MOST_LISTED])
+    return shown + (f" and {len(indices) - MOST_LISTED} more" if len(indices) > MOST_LISTED else "")
+
+
+# -- the layer's own derivation --------------------------------------------------------------
+
+
+def _layer(name, computed, expected, context):
+    """Invariants and terms of the checked layer's derivation, for its input gradient."""
+    module = context.module
+    if name != "input":
+        return []
+    x, dout = to_host(context.x), to_host(context.dout)
+    if isinstance(module, layers.LayerNorm):
+        return _layernorm(computed, expected, x, dout, to_host(module.weight.data), module.eps)
+    if isinstance(module, layers.GELU) and module.approximate == "none":
+        return _gelu(computed, expected, x, dout)
+    return []
+
+
+def _layernorm(computed, expected, x, dout, gamma, eps):
+    findings = []
+    sums = np.abs(computed.sum(axis=-1)).max()
+    if sums > CLOSE * np.abs(computed).max() * computed.shape[-1]:
+        findings.append(f"the input gradient must sum to zero over the features of each row "
+                        f"(adding a constant to a row changes nothing) but its rows sum to up to "
+                        f"{sums:.3g}")
+    xhat, rstd, _, _ = standardize(x, -1, eps)
+    g = dout * gamma  # the gradient at xhat
+    terms = {"-rstd * mean(g)": -rstd * g.mean(axis=-1, keepdims=True),
+             "-rstd * xhat * mean(g * xhat)": -rstd * xhat * (g * xhat).mean(axis=-1,
+                                                                             keepdims=True)}
+    return findings + _missing_terms(computed, expected, terms,
+                                     "dx = rstd * (g - mean(g) - xhat * mean(g * xhat))")
+
+
+def _gelu(computed, expected, x, dout):
+    phi = np.exp(-0.5 * x * x) * INV_SQRT_2PI
+    terms = {"Phi(x)": dout * 0.5 * (1.0 + erf(x * SQRT_HALF)), "x * phi(x)": dout * x * phi}
+    return _missing_terms(computed, expected, terms, "y' = Phi(x) + x * phi(x)")
+
+
+def _missing_terms(computed, expected, terms, formula):
+    """The term of ``formula`` whose absence explains the difference, if one does."""
+    missing = expected - computed
+    return [f"the term {term} of {formula} is missing" for term, value in terms.items()
+            if _same(missing, np.broadcast_to(value, missing.shape))]

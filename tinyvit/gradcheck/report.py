@@ -1,0 +1,110 @@
+"""The report of a gradient check: a row per tensor with PASS or FAIL, the rows
+grouped by layer, each layer linked to the section of docs/backprop.md that
+derives its backward, and under each failing row what is wrong."""
+
+from ..models import ViT
+from ..models.hybrid import ConvStem, HybridEmbed
+from ..nn import conv, layers
+from ..nn.loss import SoftmaxCrossEntropy
+
+BACKPROP = "docs/backprop.md"
+# the section of docs/backprop.md that derives each layer's backward (isinstance: a fast
+# kernel has its reference layer's)
+SECTIONS = (
+    (layers.ClassAttentionBlock, "ClassAttentionBlock"),
+    (layers.Block, "The pre-norm encoder block"),
+    (layers.ClassAttention, "ClassAttention: the class token's query alone"),
+    (layers.Attention, "Multi-head self-attention"),
+    (layers.PatchEmbed, "Patchify and the patch embedding"),
+    (layers.Patchify, "Patchify moves entries"),
+    (layers.Linear, "Linear"),
+    (layers.LayerNorm, "LayerNorm"),
+    (layers.GELU, "GELU"),
+    (layers.Tanh, "Tanh"),
+    (layers.Dropout, "Dropout"),
+    (layers.MLP, "MLP"),
+    (layers.Residual, "Residual connections: gradients add up"),
+    (layers.PreLogits, "Pooling and the head"),
+    (conv.Conv2d, "Conv2d as a matmul on im2col columns"),
+    (conv.BatchNorm2d, "BatchNorm2d"),
+    (conv.GroupNorm, "GroupNorm"),
+    (conv.ReLU, "ReLU"),
+    (conv.MaxPool2d, "MaxPool2d"),
+    (ConvStem, "Convolutional stem"),
+    (HybridEmbed, "Convolutional stem"),
+    (SoftmaxCrossEntropy, "Softmax cross-entropy"),
+    (ViT, "Class token and position embedding"),
+)
+
+
+def anchor(heading):
+    """GitHub's anchor of a Markdown heading: lower case, punctuation dropped, spaces
+    as hyphens."""
+    kept = "".join(c for c in heading.lower() if c.isalnum() or c in " -_")
+    return kept.replace(" ", "-")
+
+
+def section(module):
+    """``docs/backprop.md#...`` for a layer, or None for one the page does not derive."""
+    for kind, heading in SECTIONS:
+        if isinstance(module, kind):
+            return f"{BACKPROP}#{anchor(heading)}"
+    return None
+
+
+class GradCheckReport:
+    """The per-tensor results of ``gradient_check``; ``str()`` prints them grouped by
+    layer, with PASS or FAIL at ``tol`` and the findings under each failure."""
+
+    def __init__(self, checks, h, tol, module):
+        self.checks, self.h, self.tol = checks, h, tol
+        self.layers = dict(module.named_modules())
+
+    @property
+    def max_rel_err(self):
+        return max(c.rel_err for c in self.checks)
+
+    @property
+    def passed(self):
+        return all(c.passed(self.tol) for c in self.checks)
+
+    def __getitem__(self, name):
+        for c in self.checks:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+    def groups(self):
+        """(layer path, its module, its checks), in the order of the checks: the input
+        with the module itself, each parameter with the layer that holds it."""
+        grouped = {}
+        for c in self.checks:
+            path = "" if c.name == "input" or "." not in c.name else c.name.rsplit(".", 1)[0]
+            grouped.setdefault(path, []).append(c)
+        return [(path, self.layers[path], checks) for path, checks in grouped.items()]
+
+    def __str__(self):
+        lines = []
+        for path, layer, checks in self.groups():
+            link = section(layer)
+            title = f"{path} ({type(layer).__name__})" if path else type(layer).__name__
+            lines.append(title + (f"   {link}" if link else ""))
+            for c in checks:
+                name = c.name[len(path) + 1:] if path else c.name
+                result = "PASS" if c.passed(self.tol) else "FAIL"
+                lines.append(f"  {result}  {name:<14}{str(c.shape):<14}rel_err {c.rel_err:.1e}  "
+                             f"worst {c.where}: {c.analytic:.6g} vs {c.numeric:.6g}")
+                lines += [f"        {finding}" for finding in c.findings]
+        passed = sum(c.passed(self.tol) for c in self.checks)
+        lines.append(f"{passed} of {len(self.checks)} tensors passed (tol {self.tol:g}, "
+                     f"h {self.h:g}; computed vs expected at the worst entry)")
+        return "\n".join(lines)
+
+    def assert_ok(self, tol=None):
+        """Raise AssertionError, with the whole report, unless every tensor passes at
+        ``tol`` (default: the check's)."""
+        if tol is not None:
+            self.tol = tol
+        if not self.passed:
+            raise AssertionError(f"gradient check failed:\n{self}")
+        return self
