@@ -91,6 +91,8 @@ def parse_args(argv=None):
     p.add_argument("--images", type=int, default=4096, help="random images per epoch")
     p.add_argument("--epochs", type=int, default=3, help="timed epochs, after one untimed")
     p.add_argument("--gpu", action="store_true", help="CuPy (else NumPy, in one process)")
+    p.add_argument("--reference", action="store_true",
+                   help="the reference layers of tinyvit/nn (else the fast kernels, as training)")
     args = p.parse_args(argv)
     for name in ("batch", "images", "epochs"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
@@ -102,7 +104,8 @@ def make_trainer(args):
     """The recipe's Trainer, on the backend asked for."""
     recipe = train_mnist.make_config(train_mnist.parse_args(["--recipe", args.recipe])[0])
     config = dataclasses.replace(recipe, backend="cupy" if args.gpu else "numpy",
-                                 batch_size=args.batch or recipe.batch_size)
+                                 batch_size=args.batch or recipe.batch_size,
+                                 tier="reference" if args.reference else "fast")
     backend.set_backend(config.backend)
     return Trainer(config, build_model(config)[0])
 
@@ -134,7 +137,8 @@ def main(argv=None):
     trainer = make_trainer(args)
     batches = make_batches(trainer.config, args.images)
     print(f"recipe {args.recipe}: {trainer.model.num_parameters():,} parameters, "
-          f"batch {trainer.config.batch_size}, backend {backend.get_backend()}")
+          f"batch {trainer.config.batch_size}, backend {backend.get_backend()}, "
+          f"{trainer.model.describe_tier()}")
     train(trainer, batches, [0])  # warm-up: allocations, and on a GPU the kernels' compilation
     steps, seconds = train(trainer, batches, range(1, 1 + args.epochs))
     print(f"step without the timers: {1e3 * seconds / steps:.2f} ms ({steps} steps)")

@@ -202,15 +202,21 @@ def test_benchmark_compares_tinyvits_without_torch(tmp_path):
         assert list(config[name]["ratio_to"]) == ["tinyvit"]
 
 
-def test_profile_charges_every_part_of_the_step():
-    """The layer profile runs on a recipe's step and lists exclusive times that, with
-    'everything else', cover the timed step (so no part is counted twice)."""
+@pytest.mark.parametrize("flags, layers", [
+    ([], "fast kernels of tinyvit.fast.cpu: Linear x26,"),
+    (["--reference"], "reference layers (tinyvit.nn)"),
+])
+def test_profile_charges_every_part_of_the_step(flags, layers):
+    """The layer profile runs on a recipe's step, in the tier asked for, and lists
+    exclusive times that, with 'everything else', cover the timed step (so no part is
+    counted twice)."""
     out = subprocess.run([sys.executable, str(PROFILE), "--recipe", "cifar10", "--batch", "8",
-                          "--images", "32", "--epochs", "1"],
+                          "--images", "32", "--epochs", "1", *flags],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert lines[0] == "recipe cifar10: 811,146 parameters, batch 8, backend numpy"
+    assert lines[0].startswith(f"recipe cifar10: 811,146 parameters, batch 8, backend numpy, "
+                               f"{layers}")
     step = float(lines[2].split("timers: ")[1].split(" ms")[0])
     parts = {line[:32].strip(): float(line[32:]) for line in lines[3:]}
     assert {"Linear.backward", "Attention.forward", "GELU.forward", "LayerNorm.backward",

@@ -1,6 +1,6 @@
 """Convert a ViT checkpoint between formats:
 
-    python -m tinyvit.convert SRC DST [--num-heads H] [--num-classes K] [--dtype float32|float64]
+    python -m tinyvit.convert SRC DST [--num-heads NH] [--num-classes K] [--dtype float32|float64]
 
 SRC is anything ``tinyvit.weights.read_pretrained`` reads: a Hugging Face
 folder, a timm or Hugging Face ``.safetensors`` file, the ViT paper's JAX ``.npz``,

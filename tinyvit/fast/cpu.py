@@ -7,7 +7,7 @@ what it does faster: ``forward`` and ``backward``, the two methods that hold
 attention's softmax, or, for Linear, the sum over rows. What makes each faster:
 
 - all: fewer passes over memory. NumPy runs one pass per operation, so a formula
-  of k steps reads and writes its arrays k times; in-place operations
+  of many steps reads and writes its arrays once per step; in-place operations
   (``out=``, ``+=``) save the allocation and page faults of every temporary.
 - ``row_sum`` and ``column_sum``: einsum reduces in one pass, without the
   temporary of a product, faster than ``.sum(axis=-1)``.
@@ -23,6 +23,10 @@ attention's softmax, or, for Linear, the sum over rows. What makes each faster:
 
 ``tests/test_fast.py`` checks every class here against its reference;
 docs/performance.md has what each change measured.
+
+Shapes as in the reference layers (the legend heads ``docs/backprop.md``): M rows,
+NH heads, Q query rows, Dh head dim, F filters, U = C*kh*kw the values of one
+im2col column, and B' the images of one block of a Conv2d's batch.
 """
 
 
@@ -135,7 +139,7 @@ class GELU(FastKernel, layers.GELU):
     def forward(self, x):
         check_float(x, "GELU")
         gelu = _gelu_tanh if self.approximate == "tanh" else _gelu_erf
-        x2 = x.reshape(-1, x.shape[-1])  # (M, F)
+        x2 = x.reshape(-1, x.shape[-1])  # (M, last axis)
         y = xp.empty_like(x2)
         dydx = xp.empty_like(x2) if self.training else None
         for rows in row_blocks(x2, self.block_elements):
@@ -248,23 +252,23 @@ class FastAttentionCore(FastKernel):
     works in place."""
 
     def attend(self, q, k, v):
-        qs = q * self.scale  # (B, H, Q, Dh)
-        A = softmax_inplace(qs @ xp.ascontiguousarray(k.transpose(0, 1, 3, 2)))  # (B, H, Q, N)
+        qs = q * self.scale  # (B, NH, Q, Dh)
+        A = softmax_inplace(qs @ xp.ascontiguousarray(k.transpose(0, 1, 3, 2)))  # (B, NH, Q, N)
         self.attn = A if self.keep_attn else None
         Ad = self.attn_drop.forward(A)
         self.cache = (qs, k, v, A, Ad) if self.training else None
-        return Ad @ v  # (B, H, Q, Dh)
+        return Ad @ v  # (B, NH, Q, Dh)
 
     def attend_backward(self, dctx):
         qs, k, v, A, Ad = self._take_cache()
-        dAd = dctx @ v.transpose(0, 1, 3, 2)  # (B, H, Q, N)
-        dv = Ad.transpose(0, 1, 3, 2) @ dctx  # (B, H, N, Dh)
+        dAd = dctx @ v.transpose(0, 1, 3, 2)  # (B, NH, Q, N)
+        dv = Ad.transpose(0, 1, 3, 2) @ dctx  # (B, NH, N, Dh)
         dS = self.attn_drop.backward(dAd)
         dS -= row_sum(dS, A)
         dS *= A
-        dq = dS @ k  # (B, H, Q, Dh)
+        dq = dS @ k  # (B, NH, Q, Dh)
         dq *= self.scale
-        dk = dS.transpose(0, 1, 3, 2) @ qs  # (B, H, N, Dh): qs = q / sqrt(Dh) already
+        dk = dS.transpose(0, 1, 3, 2) @ qs  # (B, NH, N, Dh): qs = q / sqrt(Dh) already
         return dq, dk, dv
 
 
@@ -295,14 +299,14 @@ class Conv2d(FastKernel, conv.Conv2d):
     Layout. Forming the columns copies, and col2im adds back, rows of values that
     are contiguous in both arrays, and NumPy pays a fixed cost per row:
     - channels-first, as the reference: the padded input (C, B, Hp, Wp), the
-      columns (K, b*Ho*Wo), rows of Wo pixels;
-    - channels-last: the padded input (B, Hp, Wp, C), the columns (b*Ho*Wo, K)
-      with K in (kh, kw, C) order, rows of C channels (kw*C when forming them).
+      columns (U, B'*Ho*Wo) for a block of B' images, rows of Wo pixels;
+    - channels-last: the padded input (B, Hp, Wp, C), the columns (B'*Ho*Wo, U)
+      with U in (kh, kw, C) order, rows of C channels (kw*C when forming them).
     Each call takes channels-last when C >= Wo: 32 channels on a 14x14 input at
     stride 2 (rows of 7 pixels) run channels-last, 3 channels on 32x32 at
     stride 1 channels-first. Channels-last, the products are the reference's
-    transposed, with the columns and the upstream gradient as rows, (b*Ho*Wo, K)
-    and dy (b*Ho*Wo, F): out = cols W2^T, dW2 = dy^T cols, dcols = dy W2.
+    transposed, with the columns and the upstream gradient as rows, (B'*Ho*Wo, U)
+    and dy (B'*Ho*Wo, F): out = cols W2^T, dW2 = dy^T cols, dcols = dy W2.
     """
 
     block_bytes = 1 << 20
@@ -316,7 +320,7 @@ class Conv2d(FastKernel, conv.Conv2d):
         check_images(x, "Conv2d", self.in_channels)
         conv.check_fits(x, self.kernel_size, self.padding, "Conv2d")
         channels_last = self.channels_last(x)
-        w2, rstd = self.weight_matrix()  # (F, K), K in (C, kh, kw) order
+        w2, rstd = self.weight_matrix()  # (F, U), U in (C, kh, kw) order
         if channels_last:
             y, xpad = self.forward_channels_last(x, w2)
         else:
@@ -340,7 +344,7 @@ class Conv2d(FastKernel, conv.Conv2d):
         self.weight.grad += dw2.reshape(self.weight.shape)
         return dx
 
-    # channels-first: (C, B, Hp, Wp), columns (K, b*Ho*Wo)
+    # channels-first: (C, B, Hp, Wp), columns (U, B'*Ho*Wo)
 
     def forward_channels_first(self, x, w2):
         xpad = conv.pad_spatial(x.transpose(1, 0, 2, 3), self.padding)  # (C, B, Hp, Wp)
@@ -349,7 +353,7 @@ class Conv2d(FastKernel, conv.Conv2d):
         C, B, kh, kw, Ho, Wo = windows.shape
         y = xp.empty((B, self.out_channels, Ho, Wo), dtype=x.dtype)
         for images in self.image_blocks(B, windows[:, 0].nbytes):
-            out = w2 @ conv.im2col(windows[:, images])  # (F, b*Ho*Wo)
+            out = w2 @ conv.im2col(windows[:, images])  # (F, B'*Ho*Wo)
             if self.bias is not None:
                 out += self.bias.data[:, None]
             y[images] = out.reshape(self.out_channels, -1, Ho, Wo).transpose(1, 0, 2, 3)
@@ -360,19 +364,19 @@ class Conv2d(FastKernel, conv.Conv2d):
         C, B, kh, kw, Ho, Wo = windows.shape
         dw2, dxpad = xp.zeros_like(w2), xp.zeros_like(xpad)
         for images in self.image_blocks(B, windows[:, 0].nbytes):
-            cols = conv.im2col(windows[:, images])  # (K, b*Ho*Wo), formed again
+            cols = conv.im2col(windows[:, images])  # (U, B'*Ho*Wo), formed again
             dy = xp.ascontiguousarray(dout[images].transpose(1, 0, 2, 3))
-            dy = dy.reshape(self.out_channels, -1)  # (F, b*Ho*Wo)
+            dy = dy.reshape(self.out_channels, -1)  # (F, B'*Ho*Wo)
             if self.bias is not None:
                 self.bias.grad += dy.sum(axis=1)
             dw2 += dy @ cols.T
-            dcols = w2.T @ dy  # (K, b*Ho*Wo)
+            dcols = w2.T @ dy  # (U, B'*Ho*Wo)
             dwindows = dcols.reshape(C, kh, kw, -1, Ho, Wo).transpose(0, 3, 1, 2, 4, 5)
             conv.col2im(dwindows, dxpad[:, images], self.stride)
         dx = conv.unpad_spatial(dxpad, self.padding).transpose(1, 0, 2, 3)  # (B, C, H, W)
         return xp.ascontiguousarray(dx), dw2
 
-    # channels-last: (B, Hp, Wp, C), columns (b*Ho*Wo, K) with K in (kh, kw, C) order
+    # channels-last: (B, Hp, Wp, C), columns (B'*Ho*Wo, U) with U in (kh, kw, C) order
 
     def forward_channels_last(self, x, w2):
         B, C, H, W = x.shape
@@ -384,7 +388,7 @@ class Conv2d(FastKernel, conv.Conv2d):
         y = xp.empty((B, F, Ho * Wo), dtype=x.dtype)
         for images in self.image_blocks(B, windows[0].nbytes):
             xpad[images, ph : ph + H, pw : pw + W] = x[images].transpose(0, 2, 3, 1)
-            out = windows[images].reshape(-1, kh * kw * C) @ w2.T  # (b*Ho*Wo, F)
+            out = windows[images].reshape(-1, kh * kw * C) @ w2.T  # (B'*Ho*Wo, F)
             if self.bias is not None:
                 out += self.bias.data
             y[images] = out.reshape(-1, Ho * Wo, F).transpose(0, 2, 1)
@@ -399,19 +403,19 @@ class Conv2d(FastKernel, conv.Conv2d):
         dw2 = xp.zeros_like(w2)
         dx = xp.empty((B, C, Hp - 2 * ph, Wp - 2 * pw), dtype=dout.dtype)
         for images in self.image_blocks(B, windows[0].nbytes):
-            cols = windows[images].reshape(-1, kh * kw * C)  # (b*Ho*Wo, K), formed again
+            cols = windows[images].reshape(-1, kh * kw * C)  # (B'*Ho*Wo, U), formed again
             dy = dout[images].reshape(-1, F, Ho * Wo).transpose(0, 2, 1)
-            dy = xp.ascontiguousarray(dy).reshape(-1, F)  # (b*Ho*Wo, F)
+            dy = xp.ascontiguousarray(dy).reshape(-1, F)  # (B'*Ho*Wo, F)
             if self.bias is not None:
                 self.bias.grad += dy.sum(axis=0)
             dw2 += dy.T @ cols
             dcols = (dy @ w2).reshape(-1, Ho, Wo, kh, kw, C)
             dxpad = xp.zeros((len(dcols), Hp, Wp, C), dtype=dout.dtype)
-            # col2im on (b, C, ...) views, so each added row is C contiguous channels
+            # col2im on (B', C, ...) views, so each added row is C contiguous channels
             conv.col2im(dcols.transpose(0, 5, 3, 4, 1, 2), dxpad.transpose(0, 3, 1, 2),
                         self.stride)
             dx[images] = dxpad[:, ph : Hp - ph, pw : Wp - pw].transpose(0, 3, 1, 2)
-        dw2 = dw2.reshape(F, kh * kw, C).transpose(0, 2, 1)  # back to K in (C, kh, kw) order
+        dw2 = dw2.reshape(F, kh * kw, C).transpose(0, 2, 1)  # back to U in (C, kh, kw) order
         return dx, dw2.reshape(F, -1)
 
     def windows_channels_last(self, xpad):
@@ -421,7 +425,7 @@ class Conv2d(FastKernel, conv.Conv2d):
 
 
 def _kernel_channels_last(w2, C, kh, kw):
-    """W2 (F, K) with K in (C, kh, kw) order -> (F, K) in (kh, kw, C) order, a copy."""
+    """W2 (F, U) with U in (C, kh, kw) order -> (F, U) in (kh, kw, C) order, a copy."""
     F = len(w2)
     return xp.ascontiguousarray(w2.reshape(F, C, kh * kw).transpose(0, 2, 1)).reshape(F, -1)
 

@@ -6,8 +6,8 @@ its check, ``diagnose`` compares the computed gradient with the expected one
 
 - a constant ratio computed/expected, read where it means something: 0 (a term
   never added), -1 (a sign), 1/M (a sum over M rows taken as their mean), an
-  integer k (added k times), sqrt(Dh) or 1/sqrt(Dh) (attention's scale missing or
-  applied twice);
+  integer (added that many times), sqrt(Dh) or 1/sqrt(Dh) (attention's scale
+  missing or applied twice);
 - the expected gradient transposed (an (in, out) weight gradient for (out, in));
 - the upstream gradient ``dout`` passed on as it came (a mask or a branch forgotten);
 - where the error sits: the q, k or v rows of a fused qkv projection and which heads,
@@ -17,7 +17,7 @@ its check, ``diagnose`` compares the computed gradient with the expected one
 - a term of the derivation missing (GELU's x phi(x), LayerNorm's mean(g));
 - a gradient assigned instead of accumulated (a second backward left it as it was).
 
-Shapes: M rows, D features, H heads, Dh = D / H.
+Shapes: M rows, D features, NH heads, Dh = D / NH (the legend heads docs/backprop.md).
 """
 
 import dataclasses
@@ -159,7 +159,7 @@ def _where(name, computed, expected, context, tol):
 
 def _qkv_parts(name, computed, expected, attention, tol):
     """The fused projection's rows (or bias entries) are q, k, v stacked, each split into
-    H heads of Dh rows: which part and which heads are wrong, and how."""
+    NH heads of Dh rows: which part and which heads are wrong, and how."""
     H, Dh = attention.num_heads, attention.head_dim
     scale = max(np.abs(computed).max(), np.abs(expected).max())
     findings = []

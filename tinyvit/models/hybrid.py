@@ -54,14 +54,15 @@ class ConvStem(Sequential):
 
 
 class HybridEmbed(PatchEmbed):
-    """The stem, then ``PatchEmbed`` on its feature map: (B, C, H, W) -> (B, N, D)."""
+    """The stem, then ``PatchEmbed`` on its feature map: (B, C, H, W) -> (B, G^2, D),
+    G = H'/P patches per side of the (B, C', H', W') feature map."""
 
     def __init__(self, stem, patch_size, embed_dim, rng=None, dtype=None):
         self.backbone = stem
         super().__init__(patch_size, stem.out_channels, embed_dim, rng=rng, dtype=dtype)
 
     def forward(self, x):
-        return super().forward(self.backbone.forward(x))  # (B, N, D)
+        return super().forward(self.backbone.forward(x))  # (B, G^2, D)
 
     def backward(self, dout):
         return self.backbone.backward(super().backward(dout))  # (B, C, H, W)

@@ -2,12 +2,14 @@
 parameters and state dict. Its config and presets are in ``config.py``.
 
     images (B, C, H, W)
-      -> patch_embed                       (B, N-1, D)   N-1 = (H/P)(W/P) patches
-      -> [cls_token; patches] + pos_embed  (B, N, D)
-      -> dropout, depth x Block            (B, N, D)   cls pooling: the last block is a
+      -> patch_embed                       (B, G^2, D)   G = H/P = W/P patches per side
+      -> [cls_token; patches] + pos_embed  (B, N, D)     N = G^2 + 1 tokens
+      -> dropout, depth x Block            (B, N, D)     cls pooling: the last block is a
                                                          ClassAttentionBlock, (B, 1, D)
       -> pool: class token or mean         (B, D)
-      -> norm (LayerNorm), head (Linear)   (B, K)
+      -> norm (LayerNorm), head (Linear)   (B, K)        K classes
+
+(The legend of these letters heads ``docs/backprop.md``.)
 
 Parameter names and layouts follow timm's VisionTransformer, so a state dict can
 be compared key by key with PyTorch implementations (see ``state_dict``).
@@ -119,7 +121,7 @@ class ViT(Module):
 
     def forward(self, images):
         self.check_input(images)
-        x = self.patch_embed.forward(images)  # (B, N-1, D)
+        x = self.patch_embed.forward(images)  # (B, G^2, D)
         B, _, D = x.shape
         cls = xp.broadcast_to(self.cls_token.data, (B, 1, D))
         x = xp.concatenate([cls, x], axis=1)  # (B, N, D)
@@ -139,7 +141,7 @@ class ViT(Module):
 
     def backward(self, dlogits):
         """Reverse of forward. Pooling: the class token's row gets the gradient
-        (cls), or every patch token gets 1/(N-1) of it (mean). The class token
+        (cls), or every patch token gets 1/G^2 of it (mean; G^2 = N - 1 patches). The class token
         and the position embedding are added to every image, so their gradients
         are sums over the batch; the patch rows go back through patch_embed."""
         B, N, D = self._take_cache()
@@ -175,7 +177,7 @@ class ViT(Module):
         return self.blocks[0].attn.keep_attn
 
     def attention_maps(self):
-        """Attention weights of the last forward, one (B, H, N, N) array per block."""
+        """Attention weights of the last forward, one (B, NH, N, N) array per block."""
         maps = [block.attn.attn for block in self.blocks]
         if any(a is None for a in maps):
             raise RuntimeError("no attention maps kept: call model.keep_attention(), "

@@ -5,16 +5,19 @@ GroupNorm, ReLU and MaxPool2d, each with its backward written by hand.
 Each layer keeps the contract of ``tinyvit/nn/module.py``; the derivations are in
 the docstrings and, at more length, in ``docs/backprop.md``.
 
-Shape legend: B batch, C input channels, F output channels (filters, as in
-CS231n), H x W the input's height and width, kh x kw the kernel, s stride,
-p padding, Hp = H + 2p and Wp = W + 2p the padded size, Ho = (Hp - kh) // s + 1
-and Wo = (Wp - kw) // s + 1 the output size, K = C*kh*kw the values in one
-receptive field, M = B*Ho*Wo the output pixels of a batch, G groups of GroupNorm.
+Shape legend (the whole legend heads ``docs/backprop.md``): B batch, C input
+channels, F output channels (filters, as in CS231n), H x W the input's height
+and width, kh x kw the kernel (k x k when square), sh, sw the strides (s when
+equal), ph, pw the padding, Hp = H + 2ph and Wp = W + 2pw the padded size,
+Ho = (Hp - kh) // sh + 1 and Wo = (Wp - kw) // sw + 1 the output size,
+U = C*kh*kw the values in one receptive field (one im2col column), M = B*Ho*Wo
+the output pixels of a batch (the rows that the convolution, a Linear over the
+receptive fields, sees), NG the groups of GroupNorm.
 
 Convolution as a matmul (im2col). Every output pixel of a convolution is a
 Linear layer applied to its receptive field: lay the fields out as the columns
-of a matrix, cols (K, M), and the whole convolution is one matmul with the
-weight reshaped to (F, K). The columns are read out of the padded input through
+of a matrix, cols (U, M), and the whole convolution is one matmul with the
+weight reshaped to (F, U). The columns are read out of the padded input through
 a strided view (``sliding_windows``: no copy until the reshape) and the
 backward scatters their gradients back (``col2im``). The layout is
 channels-first, (C, B, Hp, Wp) for the padded input and (C*kh*kw, B*Ho*Wo) for
@@ -62,11 +65,12 @@ def pad_spatial(x, padding, value=0.0):
 def sliding_windows(xpad, kernel, stride):
     """A strided view (..., kh, kw, Ho, Wo) of xpad (..., Hp, Wp), no copy:
 
-        windows[..., i, j, ho, wo] = xpad[..., s*ho + i, s*wo + j],
+        windows[..., i, j, ho, wo] = xpad[..., sh*ho + i, sw*wo + j],
 
     i.e. for each kernel offset (i, j), the input pixels it meets at every output
-    position. Windows overlap when s < k: the view then holds some entries of
-    xpad several times (so it must never be written to).
+    position. Windows overlap when a stride is smaller than the kernel (sh < kh or
+    sw < kw; s < k for a square kernel of size k and equal strides s): the view
+    then holds some entries of xpad several times (so it must never be written to).
     """
     (kh, kw), (sh, sw) = kernel, stride
     *leading, Hp, Wp = xpad.shape
@@ -79,8 +83,8 @@ def sliding_windows(xpad, kernel, stride):
 
 def im2col(windows):
     """The columns of a convolution, a copy: windows (C, B, kh, kw, Ho, Wo) of a
-    channels-first padded input -> cols (C*kh*kw, B*Ho*Wo), column m holding the
-    K = C*kh*kw inputs of output pixel m in (c, i, j) order."""
+    channels-first padded input -> cols (U, M) = (C*kh*kw, B*Ho*Wo), column m
+    holding the U inputs of output pixel m in (c, i, j) order."""
     C, B, kh, kw, Ho, Wo = windows.shape
     return windows.transpose(0, 2, 3, 1, 4, 5).reshape(C * kh * kw, B * Ho * Wo)
 
@@ -89,7 +93,7 @@ def col2im(dwindows, dxpad, stride):
     """The adjoint of ``sliding_windows``: adds each entry of dwindows (..., kh, kw,
     Ho, Wo) into the pixel of dxpad (..., Hp, Wp) it was read from, and returns
     dxpad (pass zeros for the gradient alone). A pixel read by several windows
-    (s < k) gets the sum of their gradients.
+    (sh < kh or sw < kw) gets the sum of their gradients.
 
     A loop over the kh*kw kernel offsets, each adding a whole (..., Ho, Wo) slab at
     once: the clearest correct way (one slab's pixels are distinct, so ``+=`` on a
@@ -126,14 +130,16 @@ def check_fits(x, kernel, padding, layer):
 
 
 class Conv2d(Module):
-    """y[b, o] = bias[o] + sum over c, i, j of W[o, c, i, j] xpad[b, c, s*ho + i, s*wo + j]:
-    a 2-D convolution (a cross-correlation, as in PyTorch), any kernel, stride and
-    zero padding; weight (F, C, kh, kw) as in PyTorch.
+    """A 2-D convolution (a cross-correlation, as in PyTorch), any kernel, stride
+    and zero padding; weight (F, C, kh, kw) as in PyTorch. With xpad the padded input,
 
-    As a matmul: cols = im2col(x), (K, M), whose column m holds the K inputs of
+        y[b, f, ho, wo] = bias[f]
+                          + sum over c, i, j of W[f, c, i, j] xpad[b, c, sh*ho + i, sw*wo + j].
+
+    As a matmul: cols = im2col(x), (U, M), whose column m holds the U inputs of
     output pixel m in (c, i, j) order; then y = W2 cols + bias, W2 = W reshaped
-    to (F, K). No loop over images or pixels: one copy through a strided view,
-    one matmul. The cache is the columns, the (F, K) weight the forward used, its
+    to (F, U). No loop over images or pixels: one copy through a strided view,
+    one matmul. The cache is the columns, the (F, U) weight the forward used, its
     rstd under weight standardization, and the padded input's shape.
 
     ``weight_standardization`` (BiT's ResNet-V2, the stem of the hybrid ViT)
@@ -144,7 +150,7 @@ class Conv2d(Module):
     those needs that value.
 
     Initialization as PyTorch's Conv2d (kaiming uniform with a = sqrt(5)): weight
-    and bias uniform in +-1/sqrt(K), drawn from the host generator ``rng``
+    and bias uniform in +-1/sqrt(U), drawn from the host generator ``rng``
     (fresh entropy when None).
     """
 
@@ -171,8 +177,8 @@ class Conv2d(Module):
         xpad = pad_spatial(x.transpose(1, 0, 2, 3), self.padding)  # (C, B, Hp, Wp)
         windows = sliding_windows(xpad, self.kernel_size, self.stride)  # (C, B, kh, kw, Ho, Wo)
         Ho, Wo = windows.shape[-2:]
-        cols = im2col(windows)  # (K, M)
-        w2, rstd = self.weight_matrix()  # (F, K)
+        cols = im2col(windows)  # (U, M)
+        w2, rstd = self.weight_matrix()  # (F, U)
         y = w2 @ cols  # (F, M)
         if self.bias is not None:
             y += self.bias.data[:, None]
@@ -181,28 +187,28 @@ class Conv2d(Module):
         return xp.ascontiguousarray(y)
 
     def weight_matrix(self):
-        """The weight as the (F, K) matrix the convolution multiplies by, and None;
-        under weight standardization, what (F, K) and its rstd (F, 1)."""
+        """The weight as the (F, U) matrix the convolution multiplies by, and None;
+        under weight standardization, what (F, U) and its rstd (F, 1)."""
         w2 = self.weight.data.reshape(self.out_channels, -1)
         if not self.weight_standardization:
             return w2, None
-        what, rstd, _, _ = standardize(w2, 1, self.ws_eps)  # (F, K) and (F, 1), per row
+        what, rstd, _, _ = standardize(w2, 1, self.ws_eps)  # (F, U) and (F, 1), per row
         return what, rstd
 
     def backward(self, dout):
         """The forward in reverse, with dy = dout as (F, M) (the matmul's layout):
 
             y = W2 cols + b     ->  db = sum over m of dy[:, m]
-                                    dW2 = dy cols^T                      (F, K)
-                                    dcols = W2^T dy                      (K, M)
+                                    dW2 = dy cols^T                      (F, U)
+                                    dcols = W2^T dy                      (U, M)
             cols = im2col(xpad) ->  dxpad = col2im(dcols): each column entry's
                                     gradient added back into the pixel it copied
             xpad = pad(x)       ->  dx = dxpad without its border.
 
         With weight standardization W2 is what = (W - mean) * rstd, and the
         gradient dwhat = dy cols^T goes back through it row by row as LayerNorm's:
-        with mean and rstd functions of the row, d mean/dw_k = 1/K and
-        d rstd/dw_k = -rstd^3 (w_k - mean) / K, so summing the three paths
+        with mean and rstd functions of the row, d mean/dw_u = 1/U and
+        d rstd/dw_u = -rstd^3 (w_u - mean) / U, so summing the three paths
             dW = rstd * (dwhat - mean(dwhat) - what * mean(dwhat * what)).
         """
         cols, w2, rstd, padded_shape = self._take_cache()
@@ -210,11 +216,11 @@ class Conv2d(Module):
         dy = xp.ascontiguousarray(dout.transpose(1, 0, 2, 3)).reshape(F, -1)  # (F, M)
         if self.bias is not None:
             self.bias.grad += dy.sum(axis=1)
-        dw2 = dy @ cols.T  # (F, K)
+        dw2 = dy @ cols.T  # (F, U)
         if rstd is not None:  # through what = (W - mean) * rstd
             dw2 = standardize_backward(dw2, w2, rstd, 1)
         self.weight.grad += dw2.reshape(self.weight.shape)
-        dcols = w2.T @ dy  # (K, M)
+        dcols = w2.T @ dy  # (U, M)
         C, (kh, kw) = self.in_channels, self.kernel_size
         dwindows = dcols.reshape(C, kh, kw, B, Ho, Wo).transpose(0, 3, 1, 2, 4, 5)
         dxpad = col2im(dwindows, xp.zeros(padded_shape, dy.dtype), self.stride)
@@ -293,9 +299,10 @@ class BatchNorm2d(Module):
 
 class GroupNorm(Module):
     """y = gamma * (x - mean) / sqrt(var + eps) + beta, mean and biased var over each
-    image's group of C/G channels and all their pixels (BiT's ResNet-V2 norm);
+    image's group of C/NG channels and all their pixels (BiT's ResNet-V2 norm);
     gamma (``weight``) and beta (``bias``) per channel. The same in training and
-    eval mode. The cache is xhat and rstd, grouped (B, G, C/G * H * W).
+    eval mode. The cache is xhat and rstd, grouped: (B, NG, C/NG * H * W) and
+    (B, NG, 1).
     """
 
     def __init__(self, num_groups, num_channels, eps=1e-5, dtype=None):
@@ -311,8 +318,8 @@ class GroupNorm(Module):
     def forward(self, x):
         check_images(x, "GroupNorm", self.num_channels)
         B, C, H, W = x.shape
-        xg = x.reshape(B, self.num_groups, -1)  # (B, G, C/G*H*W)
-        xhat, rstd, _, _ = standardize(xg, 2, self.eps)  # (B, G, C/G*H*W) and (B, G, 1)
+        xg = x.reshape(B, self.num_groups, -1)  # (B, NG, C/NG*H*W)
+        xhat, rstd, _, _ = standardize(xg, 2, self.eps)  # (B, NG, C/NG*H*W) and (B, NG, 1)
         self.cache = (xhat, rstd) if self.training else None
         y = xhat.reshape(B, C, H, W)
         return self.weight.data[:, None, None] * y + self.bias.data[:, None, None]
@@ -321,13 +328,13 @@ class GroupNorm(Module):
         """As BatchNorm2d's, with the statistics per (image, group):
             dgamma = sum over (B, H, W) of dy * xhat,   dbeta = sum over (B, H, W) of dy,
             g = dy * gamma,   dx = rstd * (g - mean(g) - xhat * mean(g * xhat))
-        with the means over each group's C/G*H*W values.
+        with the means over each group's C/NG*H*W values.
         """
         xhat, rstd = self._take_cache()
         B, C, H, W = dout.shape
         self.weight.grad += (dout * xhat.reshape(B, C, H, W)).sum(axis=(0, 2, 3))
         self.bias.grad += dout.sum(axis=(0, 2, 3))
-        g = (dout * self.weight.data[:, None, None]).reshape(xhat.shape)  # (B, G, C/G*H*W)
+        g = (dout * self.weight.data[:, None, None]).reshape(xhat.shape)  # (B, NG, C/NG*H*W)
         return standardize_backward(g, xhat, rstd, 2).reshape(B, C, H, W)
 
 
@@ -352,8 +359,8 @@ class ReLU(Module):
 
 
 class MaxPool2d(Module):
-    """y[b, c, ho, wo] = the max of x's kh x kw window at (s*ho - p, s*wo - p), the
-    padding -inf (so it never wins). ``stride`` defaults to the kernel size, and
+    """y[b, c, ho, wo] = the max of x's kh x kw window at (sh*ho - ph, sw*wo - pw),
+    the padding -inf (so it never wins). ``stride`` defaults to the kernel size, and
     ``padding`` may be at most half the kernel (as in PyTorch: no window is all
     padding).
 
@@ -385,7 +392,7 @@ class MaxPool2d(Module):
     def backward(self, dout):
         """y is the window entry at argmax, so each window sends its gradient to that
         one entry and none to the others; col2im then adds it into the pixel the
-        entry was read from (summing where windows overlap, s < k)."""
+        entry was read from (summing where windows overlap: sh < kh or sw < kw)."""
         argmax, padded_shape = self._take_cache()
         B, C, Ho, Wo = dout.shape
         kh, kw = self.kernel_size

@@ -8,8 +8,13 @@ a model built from it: the fast tier (``tinyvit/fast/``) computes the same
 functions faster, is tested equal to this one, and runs only in a model given
 to ``tinyvit.fast.accelerate``.
 
-Shape legend: B batch, N tokens (patches, plus 1 for the class token), D embed_dim,
-H num_heads, Dh = D // H head dim, C channels, P patch_size, M rows of a Linear.
+Shape legend (the whole legend heads ``docs/backprop.md``): B batch, C channels,
+H x W an image's height and width, P patch_size, G patches per side (G^2 patches;
+Patchify alone takes gh = H/P rows by gw = W/P columns of them), N = G^2 + 1
+tokens (the patches and the class token), D embed_dim, NH num_heads,
+Dh = D // NH head dim, Q the query rows of attention (N, or 1 in ClassAttention),
+Dm the MLP's hidden width, R representation_size, M the rows a Linear sees (the
+product of its input's leading axes).
 """
 
 import math
@@ -87,10 +92,11 @@ class Linear(Module):
 class Patchify(Module):
     """Cut images into non-overlapping P x P patches and flatten each one.
 
-    (B, C, H, W) -> (B, N, C*P*P) with N = (H/P)(W/P), patches in row-major order
-    and each patch flattened in (C, P, P) order, so a Linear over it is exactly a
-    Conv2d(C, D, kernel=stride=P) whose weight (D, C, P, P) is the Linear weight
-    reshaped. A pure reshape/transpose: no arithmetic.
+    (B, C, H, W) -> (B, gh*gw, C*P*P), gh = H/P rows and gw = W/P columns of
+    patches (G^2 for a square image), in row-major order, each patch flattened in
+    (C, P, P) order, so a Linear over it is exactly a Conv2d(C, D, kernel=stride=P)
+    whose weight (D, C, P, P) is the Linear weight reshaped. A pure
+    reshape/transpose: no arithmetic.
     """
 
     def __init__(self, patch_size):
@@ -106,11 +112,11 @@ class Patchify(Module):
         self.cache = x.shape
         x = x.reshape(B, C, gh, P, gw, P)  # (B, C, gh, P, gw, P)
         x = x.transpose(0, 2, 4, 1, 3, 5)  # (B, gh, gw, C, P, P)
-        return x.reshape(B, gh * gw, C * P * P)  # (B, N, C*P*P)
+        return x.reshape(B, gh * gw, C * P * P)  # (B, gh*gw, C*P*P)
 
     def backward(self, dout):
         """Patchify only moves entries, so its backward moves the gradients back:
-        the exact inverse reshape/transpose, (B, N, C*P*P) -> (B, C, H, W)."""
+        the exact inverse reshape/transpose, (B, gh*gw, C*P*P) -> (B, C, H, W)."""
         B, C, H, W = self._take_cache()
         P = self.patch_size
         gh, gw = H // P, W // P
@@ -138,7 +144,7 @@ class PatchEmbed(Module):
         self.conv_shape = (embed_dim, in_channels, patch_size, patch_size)
 
     def forward(self, x):
-        return self.proj.forward(self.patchify.forward(x))  # (B, N, D)
+        return self.proj.forward(self.patchify.forward(x))  # (B, gh*gw, D)
 
     def backward(self, dout):
         return self.patchify.backward(self.proj.backward(dout))
@@ -295,15 +301,15 @@ class Dropout(Module):
 
 
 def split_heads(qkv, num_heads):
-    """(B, N, 3D) -> q, k, v, each (B, H, N, Dh): the fused projection's output
-    stacked q, k, v along the last axis, each split into H heads."""
+    """(B, N, 3D) -> q, k, v, each (B, NH, N, Dh): the fused projection's output
+    stacked q, k, v along the last axis, each split into NH heads."""
     B, N, D3 = qkv.shape
     Dh = D3 // (3 * num_heads)
     return qkv.reshape(B, N, 3, num_heads, Dh).transpose(2, 0, 3, 1, 4)
 
 
 def merge_heads(ctx):
-    """(B, H, N, Dh) -> (B, N, H*Dh): the heads side by side again."""
+    """(B, NH, N, Dh) -> (B, N, NH*Dh): the heads side by side again."""
     B, H, N, Dh = ctx.shape
     return ctx.transpose(0, 2, 1, 3).reshape(B, N, H * Dh)
 
@@ -312,11 +318,11 @@ class Attention(Module):
     """Multi-head self-attention with a fused qkv projection.
 
     qkv = x W_qkv^T + b (one Linear(D, 3D), q, k, v stacked in that order), split
-    into H heads; A = softmax(q k^T / sqrt(Dh)) per head; attention dropout on A;
+    into NH heads; A = softmax(q k^T / sqrt(Dh)) per head; attention dropout on A;
     ctx = A v, heads concatenated, then the output projection. All heads run in
-    single batched matmuls over (B, H). With ``keep_attn`` set, ``self.attn`` keeps
+    single batched matmuls over (B, NH). With ``keep_attn`` set, ``self.attn`` keeps
     the attention weights of the last forward (before dropout) for inspection;
-    off by default, as in inference they would outlive the forward (B*H*N^2 values
+    off by default, as in inference they would outlive the forward (B*NH*N^2 values
     per block).
     """
 
@@ -337,8 +343,8 @@ class Attention(Module):
         self.keep_attn, self.attn = False, None
 
     def forward(self, x):
-        q, k, v = split_heads(self.qkv.forward(x), self.num_heads)  # each (B, H, N, Dh)
-        ctx = self.attend(q, k, v)  # (B, H, N, Dh)
+        q, k, v = split_heads(self.qkv.forward(x), self.num_heads)  # each (B, NH, N, Dh)
+        ctx = self.attend(q, k, v)  # (B, NH, N, Dh)
         return self.proj_drop.forward(self.proj.forward(merge_heads(ctx)))  # (B, N, D)
 
     def backward(self, dout):
@@ -347,17 +353,17 @@ class Attention(Module):
         return self.qkv.backward(merge_qkv_grads(dq, dk, dv))  # (B, N, D)
 
     def attend(self, q, k, v):
-        """The heads' attention: q (B, H, Q, Dh) attends to k, v (B, H, N, Dh).
-            S = q k^T / sqrt(Dh)   (B, H, Q, N)
+        """The heads' attention: q (B, NH, Q, Dh) attends to k, v (B, NH, N, Dh).
+            S = q k^T / sqrt(Dh)   (B, NH, Q, N)
             A = softmax(S)         over the keys, row by row
             Ad = dropout(A)
-            ctx = Ad v             (B, H, Q, Dh)
+            ctx = Ad v             (B, NH, Q, Dh)
         """
-        A = softmax(q @ k.transpose(0, 1, 3, 2) * self.scale)  # (B, H, Q, N)
+        A = softmax(q @ k.transpose(0, 1, 3, 2) * self.scale)  # (B, NH, Q, N)
         self.attn = A if self.keep_attn else None
         Ad = self.attn_drop.forward(A)
         self.cache = (q, k, v, A, Ad) if self.training else None
-        return Ad @ v  # (B, H, Q, Dh)
+        return Ad @ v  # (B, NH, Q, Dh)
 
     def attend_backward(self, dctx):
         """``attend`` in reverse:
@@ -368,23 +374,23 @@ class Attention(Module):
             dq = dS k / sqrt(Dh),  dk = dS^T q / sqrt(Dh)
         """
         q, k, v, A, Ad = self._take_cache()
-        dAd = dctx @ v.transpose(0, 1, 3, 2)  # (B, H, Q, N)
-        dv = Ad.transpose(0, 1, 3, 2) @ dctx  # (B, H, N, Dh)
+        dAd = dctx @ v.transpose(0, 1, 3, 2)  # (B, NH, Q, N)
+        dv = Ad.transpose(0, 1, 3, 2) @ dctx  # (B, NH, N, Dh)
         dA = self.attn_drop.backward(dAd)
-        dS = A * (dA - (dA * A).sum(axis=-1, keepdims=True))  # (B, H, Q, N)
-        dq = dS @ k * self.scale  # (B, H, Q, Dh)
-        dk = dS.transpose(0, 1, 3, 2) @ q * self.scale  # (B, H, N, Dh)
+        dS = A * (dA - (dA * A).sum(axis=-1, keepdims=True))  # (B, NH, Q, N)
+        dq = dS @ k * self.scale  # (B, NH, Q, Dh)
+        dk = dS.transpose(0, 1, 3, 2) @ q * self.scale  # (B, NH, N, Dh)
         return dq, dk, dv
 
 
 def split_heads_grad(dctx, num_heads):
-    """The inverse of ``merge_heads``: (B, N, H*Dh) -> (B, H, N, Dh)."""
+    """The inverse of ``merge_heads``: (B, N, NH*Dh) -> (B, NH, N, Dh)."""
     B, N, D = dctx.shape
     return dctx.reshape(B, N, num_heads, D // num_heads).transpose(0, 2, 1, 3)
 
 
 def merge_qkv_grads(dq, dk, dv):
-    """The inverse of ``split_heads``: dq, dk, dv (B, H, N, Dh) -> dqkv (B, N, 3D)."""
+    """The inverse of ``split_heads``: dq, dk, dv (B, NH, N, Dh) -> dqkv (B, N, 3D)."""
     B, H, N, Dh = dk.shape
     return xp.stack([dq, dk, dv]).transpose(1, 3, 0, 2, 4).reshape(B, N, 3 * H * Dh)
 
@@ -397,14 +403,14 @@ class ClassAttention(Attention):
     class-token pooling, where only the class token's output reaches the head.
 
     With ``keep_attn`` set, ``self.attn`` holds every token's attention weights
-    (B, H, N, N), computed for inspection; the output is still the class token's.
+    (B, NH, N, N), computed for inspection; the output is still the class token's.
     """
 
     def forward(self, x):
-        q, k, v = split_heads(self.qkv.forward(x), self.num_heads)  # each (B, H, N, Dh)
-        ctx = self.attend(q[:, :, :1], k, v)  # (B, H, 1, Dh)
+        q, k, v = split_heads(self.qkv.forward(x), self.num_heads)  # each (B, NH, N, Dh)
+        ctx = self.attend(q[:, :, :1], k, v)  # (B, NH, 1, Dh)
         if self.keep_attn:
-            self.attn = softmax(q @ k.transpose(0, 1, 3, 2) * self.scale)  # (B, H, N, N)
+            self.attn = softmax(q @ k.transpose(0, 1, 3, 2) * self.scale)  # (B, NH, N, N)
         return self.proj_drop.forward(self.proj.forward(merge_heads(ctx)))  # (B, 1, D)
 
     def backward(self, dout):
@@ -412,7 +418,7 @@ class ClassAttention(Attention):
         their rows of dq are 0, while every token's k and v rows get a gradient."""
         dctx = self.proj.backward(self.proj_drop.backward(dout))  # (B, 1, D)
         dq_cls, dk, dv = self.attend_backward(split_heads_grad(dctx, self.num_heads))
-        dq = xp.zeros_like(dk)  # (B, H, N, Dh)
+        dq = xp.zeros_like(dk)  # (B, NH, N, Dh)
         dq[:, :, :1] = dq_cls
         return self.qkv.backward(merge_qkv_grads(dq, dk, dv))  # (B, N, D)
 
@@ -423,7 +429,7 @@ class ClassAttention(Attention):
 
 
 class MLP(Sequential):
-    """fc1 (D -> hidden), GELU, dropout, fc2 (-> D), dropout."""
+    """fc1 (D -> Dm, the hidden width), GELU, dropout, fc2 (Dm -> D), dropout."""
 
     def __init__(self, dim, hidden_dim, dropout=0.0, rng=None, dtype=None):
         self.fc1 = Linear(dim, hidden_dim, rng=rng, dtype=dtype)

@@ -2,7 +2,8 @@
 
 The layer contract (CS231n's, as classes):
 - ``forward(x)`` computes the output and keeps in ``self.cache`` exactly what
-  ``backward`` needs, and nothing more (nothing in eval mode);
+  ``backward`` needs, and nothing more (no array in eval mode: inference runs no
+  backward);
 - ``backward(dout)`` takes that cache on its first line (taking it clears it:
   each forward serves one backward), returns ``dx`` and *accumulates* (``+=``)
   its parameter gradients into ``param.grad``; one ``zero_grad()`` resets them,

@@ -17,7 +17,7 @@ CUBIC_A = -0.75  # the cubic convolution parameter of PyTorch's and OpenCV's bic
 
 def linear_taps(t):
     """The weights of samples floor(x) and floor(x) + 1 at fractional positions
-    t = x - floor(x): 1 - t and t. t: (M,) -> (M, 2)."""
+    t = x - floor(x): 1 - t and t. t: (new,) -> (new, 2)."""
     return xp.stack([1.0 - t, t], axis=1)
 
 
@@ -29,7 +29,7 @@ def cubic_taps(t):
         w(s) = ((a|s| - 5a)|s| + 8a)|s| - 4a             for 1 < |s| < 2
 
     at s = t + 1, t, 1 - t, 2 - t. At t = 0 they are exactly (0, 1, 0, 0).
-    t: (M,) -> (M, 4).
+    t: (new,) -> (new, 4).
     """
     a = CUBIC_A
 

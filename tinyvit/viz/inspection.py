@@ -16,18 +16,19 @@ Computations (each returns host NumPy arrays, ready for ``plot``):
     patch_embed_components(model, k)     (k, C, P, P) principal components, (k,) explained variance
     pos_embed_similarity(model)          (G, G, G, G) cosine similarity of the patches' position
                                          embeddings
-    attention_distance(attentions, P)    (L, H) attention-weighted query-key distance in pixels
+    attention_distance(attentions, P)    (depth, NH) attention-weighted query-key distance in pixels
     mean_attention_distance(model, x)    the same averaged over a set of images, running the model
     attention_rollout(attentions, pool)  (B, G, G) the pooled output's rolled-out attention to the
                                          patches
-    last_layer_attention(model)          (B, H, G, G) the pooled output's raw attention in the last
+    last_layer_attention(model)          (B, NH, G, G) the pooled output's raw attention in the last
                                          block
 
 Parameters are small and analysed on the host (NumPy after ``to_host``);
 attention maps stay on the active backend (``xp``) until they are reduced.
 
-Shape legend: B images, L depth (blocks), H heads, N tokens = 1 + G*G (class
-token first), G patches per side, P patch size in pixels, C channels, D embed_dim.
+Shape legend (the letters of the legend that heads ``docs/backprop.md``): B images,
+depth the number of blocks, NH heads, N tokens = 1 + G*G (class token first), G
+patches per side, P patch size in pixels, C channels, D embed_dim.
 """
 
 import contextlib
@@ -146,11 +147,11 @@ def attention_distance(attentions, patch_size):
     token counts as distance 0.)
 
     Args:
-        attentions: a list of L (B, H, N, N) arrays, rows = queries (``model.attention_maps()``).
+        attentions: one (B, NH, N, N) array per block, rows = queries (``model.attention_maps()``).
         patch_size: pixels per patch side (``ViTConfig.token_size``: for a hybrid,
             the input pixels one token of the feature map stands for).
     Returns:
-        (L, H) float64, averaged over the B images.
+        (depth, NH) float64, averaged over the B images.
     """
     if not attentions:
         raise ValueError("attention_distance: no attention maps given")
@@ -160,12 +161,12 @@ def attention_distance(attentions, patch_size):
     for attn in attentions:
         if attn.ndim != 4 or attn.shape[-2:] != (tokens, tokens):
             raise ValueError(
-                f"attention_distance: expected (B, H, {tokens}, {tokens}) maps, got {attn.shape}")
-        a = to_device(attn)[:, :, 1:, 1:].astype(xp.float64)  # (B, H, N-1, N-1)
+                f"attention_distance: expected (B, NH, {tokens}, {tokens}) maps, got {attn.shape}")
+        a = to_device(attn)[:, :, 1:, 1:].astype(xp.float64)  # (B, NH, N-1, N-1)
         a /= xp.maximum(a.sum(axis=-1, keepdims=True), xp.finfo(xp.float64).tiny)
-        per_query = (a * dist).sum(axis=-1)  # (B, H, N-1)
-        out.append(per_query.mean(axis=(0, 2)))  # (H,)
-    return to_host(xp.stack(out))  # (L, H)
+        per_query = (a * dist).sum(axis=-1)  # (B, NH, N-1)
+        out.append(per_query.mean(axis=(0, 2)))  # (NH,)
+    return to_host(xp.stack(out))  # (depth, NH)
 
 
 def mean_attention_distance(model, images, batch_size=128):
@@ -176,9 +177,9 @@ def mean_attention_distance(model, images, batch_size=128):
     Args:
         model: a ViT.
         images: (B, C, H, W) normalized images, host or device.
-        batch_size: images per forward pass (memory: L * B * H * N^2 attention weights).
+        batch_size: images per forward pass (memory: depth * B * NH * N^2 attention weights).
     Returns:
-        (L, H) distances in pixels.
+        (depth, NH) distances in pixels.
     """
     if len(images) == 0:
         raise ValueError("mean_attention_distance: no images given")
@@ -211,18 +212,18 @@ def attention_rollout(attentions, pool="cls"):
 
     then chain the layers, the first one rightmost:
 
-        R = Â_L ... Â_2 Â_1.
+        rollout = Â_depth ... Â_2 Â_1.
 
-    R[b, i, j] is the share of token j's input that reaches token i's output.
-    Uniform attention (every A = 1/N) gives every patch (1 - 2^-L) / N from
+    rollout[b, i, j] is the share of token j's input that reaches token i's output.
+    Uniform attention (every A = 1/N) gives every patch (1 - 2^-depth) / N from
     the class token; attention on itself only (A = I) gives 0 from the class
     token and 1 / (N - 1) from the mean of the patch tokens.
 
     Args:
-        attentions: a list of L (B, H, N, N) arrays, first layer first.
+        attentions: one (B, NH, N, N) array per block, first layer first.
         pool: "cls" or "mean", the model's pooling.
     Returns:
-        (B, G, G): the pooled row of R over the patches, not renormalized (the
+        (B, G, G): the pooled row of the rollout over the patches, not renormalized (the
         rest of the row stays on the class token).
     """
     if not attentions:
@@ -239,7 +240,7 @@ def attention_rollout(attentions, pool="cls"):
 
 def last_layer_attention(model):
     """The pooled output's attention to the patches in the last block, per head,
-    from the model's last forward pass: ``pooled_rows`` of A as (B, H, G, G).
+    from the model's last forward pass: ``pooled_rows`` of A as (B, NH, G, G).
     Each head's values sum to 1 minus what goes to the class token (the model
     must keep its attention maps: ``model.keep_attention()``)."""
     attn = model.attention_maps()[-1]
@@ -296,7 +297,7 @@ def plot_pos_embed_similarity(model, path):
 
 
 def plot_attention_distance(distances, path, token_size, image_size, num_images):
-    """Mean attention distance (L, H) against depth, one marker per head and the
+    """Mean attention distances (depth, NH) against depth, one marker per head and the
     mean of the heads as a line, in two panels: on an axis from 0 with two
     references, uniform attention over all patches (the mean pairwise patch
     distance) and attention on one's own patch only (0); and zoomed in on the heads."""
@@ -339,7 +340,7 @@ def plot_attention_maps(model, images, path, class_names=None):
     with _inspection_mode(model):
         probs = to_host(softmax(model.forward(to_device(images))))  # (B, K)
         rollout = attention_rollout(model.attention_maps(), model.config.pool)  # (B, G, G)
-        heads = last_layer_attention(model)  # (B, H, G, G)
+        heads = last_layer_attention(model)  # (B, NH, G, G)
     depth, num_heads = len(model.blocks), heads.shape[1]
     factor = max(1, TILE_PX // model.config.image_size)
     tiles, titles = [], []

@@ -45,7 +45,7 @@ def timm_fields_from_shapes(tensors):
     pos = _shape(tensors, "pos_embed")  # (1, N, D), N tokens
     if pos and len(pos) == 3 and "patch_size" in f and _image_size(pos, f["patch_size"]):
         f["image_size"] = _image_size(pos, f["patch_size"])
-    fc1 = _shape(tensors, "blocks.0.mlp.fc1.weight")  # (M, D)
+    fc1 = _shape(tensors, "blocks.0.mlp.fc1.weight")  # (Dm, D), Dm the MLP's hidden width
     if fc1 and len(fc1) == 2:
         f["mlp_ratio"] = fc1[0] / fc1[1]
     pre = _shape(tensors, "pre_logits.fc.weight")  # (R, D)
@@ -127,10 +127,10 @@ def jax_fields(tensors):
     if pos and len(pos) == 3 and "patch_size" in f and _image_size(pos, f["patch_size"]):
         f["image_size"] = _image_size(pos, f["patch_size"])
     block = "Transformer/encoderblock_0/"
-    query = _shape(tensors, block + "MultiHeadDotProductAttention_1/query/kernel")  # (D, H, D/H)
+    query = _shape(tensors, block + "MultiHeadDotProductAttention_1/query/kernel")  # (D, NH, Dh)
     if query and len(query) == 3:
         f["num_heads"] = query[1]
-    dense = _shape(tensors, block + "MlpBlock_3/Dense_0/kernel")  # (D, M)
+    dense = _shape(tensors, block + "MlpBlock_3/Dense_0/kernel")  # (D, Dm)
     if dense and len(dense) == 2:
         f["mlp_ratio"] = dense[1] / dense[0]
     pre = _shape(tensors, "pre_logits/kernel")  # (D, R)

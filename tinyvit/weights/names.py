@@ -5,15 +5,16 @@ Every layout below is mapped to tinyvit's names by ``Rule``s, checking every
 tensor's name and shape against the config (``apply_rules``); one error lists
 every missing, unexpected or mis-shaped tensor and every unsupported dtype.
 
-In the shapes below: D embed_dim, C in_channels, P patch_size, N the number of
-tokens (the patches and the class token), M the MLP's hidden width
-(mlp_ratio * D), H heads, D/H each head's width, K classes, R representation_size.
+In the shapes below (the letters of the legend that heads ``docs/backprop.md``):
+D embed_dim, C in_channels, P patch_size, N = G^2 + 1 the number of tokens (the
+G^2 patches and the class token), Dm the MLP's hidden width (mlp_ratio * D),
+NH heads, Dh = D/NH each head's width, K classes, R representation_size.
 
 1. timm (``.safetensors``): tinyvit's own names and layouts, nothing to map::
 
        cls_token (1, 1, D)   pos_embed (1, N, D)   patch_embed.proj.weight (D, C, P, P)
        blocks.{i}.norm1, .attn.qkv (3D, D) with q, k, v stacked, .attn.proj (D, D),
-       blocks.{i}.norm2, .mlp.fc1 (M, D), .mlp.fc2 (D, M),
+       blocks.{i}.norm2, .mlp.fc1 (Dm, D), .mlp.fc2 (D, Dm),
        norm (class-token pooling) or fc_norm (mean pooling), pre_logits.fc (R, D), head (K, D)
 
    The config comes from a ``config.json`` beside the file (the hub's layout:
@@ -55,14 +56,14 @@ tokens (the patches and the class token), M the MLP's hidden width
        Transformer/posembed_input/pos_embedding         -> pos_embed
        Transformer/encoderblock_{i}/
          LayerNorm_0/{scale, bias}                      -> blocks.{i}.norm1.{weight, bias}
-         MultiHeadDotProductAttention_1/{query,key,value}/kernel 3 x (D, H, D/H)
+         MultiHeadDotProductAttention_1/{query,key,value}/kernel 3 x (D, NH, Dh)
                                                         -> attn.qkv.weight (3D, D)
-         MultiHeadDotProductAttention_1/{query,key,value}/bias   3 x (H, D/H)
+         MultiHeadDotProductAttention_1/{query,key,value}/bias   3 x (NH, Dh)
                                                         -> attn.qkv.bias (3D,)
-         MultiHeadDotProductAttention_1/out/kernel (H, D/H, D) -> attn.proj.weight (D, D)
+         MultiHeadDotProductAttention_1/out/kernel (NH, Dh, D) -> attn.proj.weight (D, D)
          LayerNorm_2                                    -> norm2
-         MlpBlock_3/Dense_0/kernel (D, M)               -> mlp.fc1.weight (M, D)
-         MlpBlock_3/Dense_1/kernel (M, D)               -> mlp.fc2.weight (D, M)
+         MlpBlock_3/Dense_0/kernel (D, Dm)              -> mlp.fc1.weight (Dm, D)
+         MlpBlock_3/Dense_1/kernel (Dm, D)              -> mlp.fc2.weight (D, Dm)
        Transformer/encoder_norm                         -> norm
        pre_logits/kernel (D, R)                         -> pre_logits.fc.weight (R, D)
        head/kernel (D or R, K)                          -> head.weight (K, D or R)
@@ -100,9 +101,9 @@ class Rule:
 
 
 def shape_letters(f):
-    """The letters of the shapes above for the config fields ``f``: D embed_dim,
-    C in_channels, P patch_size, N tokens (patches and the class token), M the MLP's
-    hidden width."""
+    """The letters of the shapes above for the config fields ``f``, in this order:
+    D embed_dim, C in_channels, P patch_size, N tokens (patches and the class
+    token), Dm the MLP's hidden width (which the callers hold in a variable ``M``)."""
     D, P = f["embed_dim"], f["patch_size"]
     return D, f["in_channels"], P, (f["image_size"] // P) ** 2 + 1, int(D * f["mlp_ratio"])
 
@@ -184,19 +185,19 @@ def _transpose(kernel):
 
 
 def _heads_in(kernel):
-    return kernel.reshape(kernel.shape[0], -1).T  # (D, H, D/H) -> (D, D), rows head-major
+    return kernel.reshape(kernel.shape[0], -1).T  # (D, NH, Dh) -> (D, D), rows head-major
 
 
 def _heads_out(kernel):
-    return kernel.reshape(-1, kernel.shape[-1]).T  # (H, D/H, D) -> (D, D)
+    return kernel.reshape(-1, kernel.shape[-1]).T  # (NH, Dh, D) -> (D, D)
 
 
 def _qkv_kernels(*kernels):
-    return _stack(*map(_heads_in, kernels))  # 3 x (D, H, D/H) -> (3D, D)
+    return _stack(*map(_heads_in, kernels))  # 3 x (D, NH, Dh) -> (3D, D)
 
 
 def _flat_biases(*biases):
-    return np.concatenate([b.reshape(-1) for b in biases])  # 3 x (H, D/H) -> (3D,)
+    return np.concatenate([b.reshape(-1) for b in biases])  # 3 x (NH, Dh) -> (3D,)
 
 
 def _conv_kernel(kernel):
