@@ -11,11 +11,7 @@ from tinyvit.models import ViT
 from tinyvit.nn import layers
 from tinyvit.nn.functional import normal_cdf
 
-
-@pytest.fixture(autouse=True)
-def float64():
-    with B.using_backend("numpy"), B.default_dtype("float64"):
-        yield
+pytestmark = pytest.mark.usefixtures("backend")  # each test on NumPy, and on CuPy with a GPU
 
 
 def failures(report):

@@ -27,7 +27,7 @@ import numpy as np  # the diagnosis works on host copies
 
 from ..backend import to_host
 from ..nn import layers
-from ..nn.functional import INV_SQRT_2PI, SQRT_HALF, erf, standardize
+from ..nn.functional import normal_cdf, normal_pdf, standardize
 
 FLAT = 1e-6  # a ratio is constant when every entry is within this of it, relative
 CLOSE = 1e-6  # two gradients are the same when they differ by this, relative to their scale
@@ -228,18 +228,19 @@ def _listed(indices):
 
 def _layer(name, computed, expected, context):
     """Invariants and terms of the checked layer's derivation, for its input gradient."""
-    module = context.module
+    module, x, dout = context.module, context.x, context.dout  # on the active backend
     if name != "input":
         return []
-    x, dout = to_host(context.x), to_host(context.dout)
     if isinstance(module, layers.LayerNorm):
-        return _layernorm(computed, expected, x, dout, to_host(module.weight.data), module.eps)
+        return _layernorm(computed, expected, x, dout, module.weight.data, module.eps)
     if isinstance(module, layers.GELU) and module.approximate == "none":
         return _gelu(computed, expected, x, dout)
     return []
 
 
 def _layernorm(computed, expected, x, dout, gamma, eps):
+    """LayerNorm's invariant, and its terms computed on the active backend from its
+    input x, the upstream gradient and gamma."""
     findings = []
     sums = np.abs(computed.sum(axis=-1)).max()
     if sums > CLOSE * np.abs(computed).max() * computed.shape[-1]:
@@ -256,13 +257,14 @@ def _layernorm(computed, expected, x, dout, gamma, eps):
 
 
 def _gelu(computed, expected, x, dout):
-    phi = np.exp(-0.5 * x * x) * INV_SQRT_2PI
-    terms = {"Phi(x)": dout * 0.5 * (1.0 + erf(x * SQRT_HALF)), "x * phi(x)": dout * x * phi}
+    """GELU's two terms, computed on the active backend from its input x."""
+    terms = {"Phi(x)": dout * normal_cdf(x), "x * phi(x)": dout * x * normal_pdf(x)}
     return _missing_terms(computed, expected, terms, "y' = Phi(x) + x * phi(x)")
 
 
 def _missing_terms(computed, expected, terms, formula):
-    """The term of ``formula`` whose absence explains the difference, if one does."""
+    """The term of ``formula`` whose absence explains the difference, if one does
+    (``terms`` on the active backend, the gradients on the host)."""
     missing = expected - computed
     return [f"the term {term} of {formula} is missing" for term, value in terms.items()
-            if _same(missing, np.broadcast_to(value, missing.shape))]
+            if _same(missing, np.broadcast_to(to_host(value), missing.shape))]

@@ -72,7 +72,7 @@ NH heads, Dh = D/NH each head's width, K classes, R representation_size.
    the tanh approximation of GELU; tinyvit (like timm, which loads these files
    too) uses the exact one, so logits differ from the JAX model's very slightly.
 
-4. tinyvit's own model files (``ViT.save``) and training checkpoints
+4. tinyvit's own model files (``save_model``) and training checkpoints
    (``last.npz``, ``best.npz``), which carry their config.
 
 ``.safetensors`` files are read by ``safetensors_file.py``, the rest by

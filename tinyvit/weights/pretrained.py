@@ -285,7 +285,7 @@ def save_pretrained(model, path, dtype=None):
         raise ValueError(f"save_pretrained: expected a path ending in .safetensors, got {path}")
     if model.config.stem:
         raise ValueError("save_pretrained: timm's layout holds the plain ViT; a hybrid's "
-                         "convolutional stem has no counterpart there: save it with model.save")
+                         "convolutional stem has no counterpart there: save it with save_model")
     save = safetensors_package().numpy.save
     state = {k: v.astype(dtype or v.dtype) for k, v in model.state_dict().items()}
     data = save(state, metadata={"format": "pt"})  # "pt": what transformers and timm expect
