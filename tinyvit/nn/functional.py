@@ -24,6 +24,18 @@ def softmax(s):
     return e / e.sum(axis=-1, keepdims=True)
 
 
+def softmax_backward(A, dA):
+    """The backward of A = softmax(S) over the last axis: dS from dA, A kept from the
+    forward. Row by row, dA_j/dS_k = A_j (delta_jk - A_k), the Jacobian
+    diag(A) - A^T A, applied without forming it:
+
+        dS_k = sum_j dA_j A_j (delta_jk - A_k) = A_k (dA_k - sum_j dA_j A_j),
+
+    so each row of dS sums to zero.
+    """
+    return A * (dA - (dA * A).sum(axis=-1, keepdims=True))
+
+
 def log_softmax(s):
     """log softmax(s) = (s - m) - log sum_k exp(s_k - m) over the last axis, m the
     row's max: exact where log(softmax(s)) would take the log of an underflowed 0."""

@@ -26,6 +26,7 @@ from .functional import (
     normal_cdf,
     normal_pdf,
     softmax,
+    softmax_backward,
     standardize,
     standardize_backward,
 )
@@ -377,7 +378,7 @@ class Attention(Module):
         dAd = dctx @ v.transpose(0, 1, 3, 2)  # (B, NH, Q, N)
         dv = Ad.transpose(0, 1, 3, 2) @ dctx  # (B, NH, N, Dh)
         dA = self.attn_drop.backward(dAd)
-        dS = A * (dA - (dA * A).sum(axis=-1, keepdims=True))  # (B, NH, Q, N)
+        dS = softmax_backward(A, dA)  # (B, NH, Q, N)
         dq = dS @ k * self.scale  # (B, NH, Q, Dh)
         dk = dS.transpose(0, 1, 3, 2) @ q * self.scale  # (B, NH, N, Dh)
         return dq, dk, dv
