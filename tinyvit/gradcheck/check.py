@@ -92,8 +92,8 @@ def gradient_check(module, x, *args, h=1e-5, seed=0, before_forward=None, wrt_in
     checks = []
     for name, value, analytic in tensors:
         numeric = numeric_gradient(loss, value, h)
-        check = _compare(name, analytic, numeric)
-        check.accumulates = name == "input" or _doubled(twice[name], analytic)
+        check = compare(name, analytic, numeric)
+        check.accumulates = name == "input" or doubled(twice[name], analytic)
         if not check.passed(tol):
             check.findings = diagnose(check, to_host(analytic), to_host(numeric), context, tol)
         checks.append(check)
@@ -115,7 +115,9 @@ def numeric_gradient(loss, value, h=1e-5):
     return grad
 
 
-def _compare(name, analytic, numeric):
+def compare(name, analytic, numeric):
+    """The ``TensorCheck`` of a computed gradient against an expected one (numeric, or
+    another implementation's): the max-norm relative error and where it is worst."""
     diff = xp.abs(analytic - numeric)
     scale = float(xp.maximum(xp.abs(analytic), xp.abs(numeric)).max())
     worst = diff.argmax()  # flat index, a 0-d array (CuPy's unravel_index takes no Python int)
@@ -125,7 +127,7 @@ def _compare(name, analytic, numeric):
                        float(analytic.reshape(-1)[worst]), float(numeric.reshape(-1)[worst]))
 
 
-def _doubled(twice, once):
+def doubled(twice, once):
     """Whether a second backward doubled a gradient (the same computation twice adds
     the same values: to rounding, relative to the gradient's scale)."""
     return float(xp.abs(twice - 2 * once).max()) <= ACCUMULATION_TOL * float(xp.abs(once).max())

@@ -1,0 +1,179 @@
+"""The workbook (``python -m tinyvit.learn``): written blank, it fails every exercise as
+not written; filled with the library's own backward passes, every exercise passes, the
+hybrid's track and the training on the learner's layers included; each bug of the
+gradient check's list, planted in its exercise, fails with the diagnosis that names it."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import randn
+from tinyvit import backend as B
+from tinyvit.learn import ExerciseFailed, check_training
+from tinyvit.learn import __main__ as command
+from tinyvit.learn.checking import load_exercise
+from tinyvit.learn.exercises import EXERCISES, TRAINING, by_name
+from tinyvit.learn.steps import LayerNormSteps, softmax_jacobian_backward
+from tinyvit.learn.workbook import fill
+from tinyvit.nn.functional import softmax, softmax_backward
+from tinyvit.nn.layers import LayerNorm
+
+
+@pytest.fixture
+def workbook(tmp_path, stripes):
+    """A new workbook whose training exercise reads the synthetic MNIST files."""
+    folder = tmp_path / "workbook"
+    assert command.main(["start", str(folder), "--data-dir", str(stripes)]) == 0
+    return folder
+
+
+def fill_all(folder):
+    for ex in EXERCISES:
+        path = folder / ex.filename
+        path.write_text(fill(path.read_text(), ex))
+
+
+def pytest_in(folder, *args):
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", *args], cwd=folder,
+                          capture_output=True, text=True, timeout=600)
+
+
+def failure_of(folder, name, planted=None):
+    """The paragraph with which exercise ``name`` fails, its library backward filled in
+    and, with ``planted`` (old, new), that text of it replaced."""
+    ex = by_name(name)
+    path = folder / ex.filename
+    text = fill(path.read_text(), ex)
+    if planted:
+        old, new = planted
+        assert old in text, f"the plant needs {old!r} in {ex.filename}"
+        text = text.replace(old, new)
+    path.write_text(text)
+    module = load_exercise(path)
+    with pytest.raises(ExerciseFailed) as failed:
+        getattr(module, f"test_{name}")()
+    return str(failed.value)
+
+
+def test_a_new_workbook_has_every_exercise_blank(workbook):
+    names = sorted(p.name for p in workbook.iterdir())
+    assert names == sorted([ex.filename for ex in EXERCISES] + ["ex20_training.py", "README.md",
+                                                                "learn.json", "pytest.ini"])
+    result = pytest_in(workbook)
+    assert result.returncode == 1
+    assert result.stdout.count("not written yet: write My") == 18  # the layers' methods
+    assert result.stdout.count("not written yet: write") == 23  # and five functions
+    assert "not written yet: write softmax_backward between the markers" in result.stdout
+    assert f"exercise {TRAINING} trains on your layers: pass exercises 1, 2" in result.stdout
+    assert "24 failed" in result.stdout
+    readme = (workbook / "README.md").read_text()
+    assert all(f"`{ex.filename}`" in readme for ex in EXERCISES)
+
+
+def test_filled_with_the_library_every_exercise_passes_and_trains(workbook, capsys):
+    """The training reads the synthetic MNIST files, which this process's registry
+    accepts: it runs here, after the other exercises in a learner's pytest."""
+    fill_all(workbook)
+    result = pytest_in(workbook, "-k", "not training")
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "23 passed, 1 deselected" in result.stdout
+    check_training(workbook)
+    assert capsys.readouterr().out.startswith(
+        f"exercise {TRAINING} (training): PASS, 10 steps of the MNIST preset on your backward "
+        "passes, the same losses as the library's to 1e-06")
+    status = subprocess.run([sys.executable, "-m", "tinyvit.learn", "status", str(workbook)],
+                            capture_output=True, text=True, check=True).stdout
+    assert status.splitlines()[-1] == "24 of 24 passed"
+
+
+PLANTED = {  # exercise: (the library's line, the learner's mistake, what the failure must say)
+    "bias averaged instead of summed": (
+        "linear", ("self.bias.grad += self.column_sum(dout2)",
+                   "self.bias.grad += dout2.mean(axis=0)"),
+        "bias's gradient differs from the library's", "computed/expected = 1/3 everywhere: a sum "
+        "over 3 values (the rows of the batch) taken as their mean"),
+    "a transposed weight gradient": (
+        "linear", ("self.weight.grad += dout2.T @ x2", "self.weight.grad += x2.T @ dout2"),
+        "weight's gradient must have its array's shape (5, 7), but you add to it shape (7, 5), "
+        "the transpose: dW = dy^T x (out, in), not x^T dy"),
+    "a gradient assigned instead of accumulated": (
+        "linear", ("self.weight.grad += dout2.T @ x2", "self.weight.grad = dout2.T @ x2"),
+        "weight's gradient is assigned, not accumulated: a second backward without zero_grad "
+        "left it as it was instead of doubling it"),
+    "the softmax backward without its row-sum term": (
+        "softmax", ("return A * (dA - (dA * A).sum(axis=-1, keepdims=True))", "return A * dA"),
+        "the rows of dS must sum to zero, but yours sum to up to"),
+    "the 1/sqrt(Dh) scale missing in the backward": (
+        "attention_core", ("dq = dS @ k * self.scale", "dq = dS @ k"),
+        "q rows, every head: computed/expected = 2 = sqrt(Dh), Dh = 4 (the 1/sqrt(Dh) "
+        "scale of the scores is missing in the backward)", "k rows, every head: right"),
+    "LayerNorm's backward without the mean(g) term": (
+        "layernorm", ("return standardize_backward(g, xhat, rstd, -1)",
+                      "return rstd * (g - xhat * (g * xhat).mean(axis=-1, keepdims=True))"),
+        "the rows of the input's gradient (over the features) must sum to zero"),
+    "the dropout mask not applied in the backward": (
+        "dropout", ("return dout if isinstance(mask, float) else dout * mask", "return dout"),
+        "computed is dout as it came: the backward passes the upstream gradient on unchanged "
+        "(the forward's mask is not applied: dx = dout * mask)"),
+    "GELU's derivative without its x phi(x) term": (
+        "gelu", ("return dout * (normal_cdf(x) + x * normal_pdf(x))",
+                 "return dout * normal_cdf(x)"),
+        "the term x * phi(x) of y' = Phi(x) + x * phi(x) is missing"),
+    "a residual branch's gradient not added": (
+        "residual", ("return dout + self.branch.backward(dout)",
+                     "self.branch.backward(dout)\n        return dout"),
+        "the skip's share alone: the branch's gradient is not added, dx = dout + df"),
+    "the class token's gradient dropped": (
+        "vit", ("self.cls_token.grad += dx[:, :1].sum(axis=0, keepdims=True)", "pass"),
+        "cls_token's gradient differs from the library's", "computed is zero everywhere: this "
+        "gradient is never added"),
+}
+
+
+@pytest.mark.parametrize("bug", PLANTED)
+def test_a_planted_bug_fails_with_its_diagnosis(workbook, bug):
+    name, planted, *says = PLANTED[bug]
+    paragraph = failure_of(workbook, name, planted)
+    for words in says:
+        assert words in paragraph, paragraph
+    assert f"a hint: python -m tinyvit.learn hint {by_name(name).number}" in paragraph
+
+
+def test_hints_come_one_level_at_a_time_and_the_solution_after_an_attempt(workbook, capsys):
+    assert command.main(["hint", "1", str(workbook)]) == 0
+    assert command.main(["hint", "1", str(workbook)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines] == [
+        "hint 1 of 3 for exercise 1 (Linear)", "hint 1 of 3 for exercise 1 (Linear)",
+        "hint 2 of 3 for exercise 1 (Linear)"]
+    assert command.main(["solution", "1", str(workbook)]) == 1
+    assert "the solution comes after an attempt that ran" in capsys.readouterr().out
+    failure_of(workbook, "linear", ("self.bias.grad += self.column_sum(dout2)",
+                                    "self.bias.grad += dout2.mean(axis=0)"))
+    assert command.main(["solution", "1", str(workbook)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("# tinyvit's own: tinyvit.nn.layers.Linear.backward")
+    assert "self.bias.grad += self.column_sum(dout2)" in out
+
+
+def test_the_command_says_what_is_wrong_in_one_line(tmp_path, capsys):
+    assert command.main(["status", str(tmp_path)]) == 2
+    assert "holds no workbook (no learn.json)" in capsys.readouterr().err
+    (tmp_path / "x.py").write_text("")
+    assert command.main(["start", str(tmp_path)]) == 2
+    assert "is not empty: start a workbook in a new folder" in capsys.readouterr().err
+
+
+def test_the_long_ways_equal_the_fused_backward_passes(backend):
+    x, dout = randn(3, 5, 8), randn(3, 5, 8, seed=1)
+    steps, fused = LayerNormSteps(8), LayerNorm(8)
+    for layer in (steps, fused):
+        layer.forward(x)
+    np.testing.assert_allclose(B.to_host(steps.backward(dout)), B.to_host(fused.backward(dout)),
+                               rtol=1e-12, atol=1e-12)
+    A = softmax(randn(2, 3, 7))
+    dA = randn(2, 3, 7, seed=2)
+    np.testing.assert_allclose(B.to_host(softmax_jacobian_backward(A, dA)),
+                               B.to_host(softmax_backward(A, dA)), rtol=1e-12, atol=1e-14)

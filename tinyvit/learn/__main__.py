@@ -1,0 +1,135 @@
+"""``python -m tinyvit.learn``: the workbook of backward passes.
+
+    python -m tinyvit.learn start DIR [--data-dir D]   write a new workbook into DIR
+    python -m tinyvit.learn status [DIR]               where each exercise stands
+    python -m tinyvit.learn check N [DIR]              check exercise N
+    python -m tinyvit.learn hint N [DIR]               the next hint of exercise N
+    python -m tinyvit.learn solution N [DIR]           tinyvit's own, after an attempt that ran
+
+DIR defaults to the folder you are in.
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from ..gradcheck.report import anchor
+from .checking import MARKER, ExerciseFailed, Progress, load_exercise
+from .exercises import EXERCISES, TRAINING, by_number
+from .workbook import TRAINING_FILE, solution, start
+
+HINTS = ".learn-hints.json"  # the hint levels shown so far, per exercise
+RAN = ("pass", "fail")  # an attempt that ran: the blank was written
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="python -m tinyvit.learn", description=__doc__.split("\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split("\n", 2)[2])
+    commands = p.add_subparsers(dest="command", required=True)
+    begin = commands.add_parser("start", help="write a new workbook into DIR")
+    begin.add_argument("folder", metavar="DIR")
+    begin.add_argument("--data-dir", help="where the MNIST files are, for the training exercise")
+    commands.add_parser("status", help="where each exercise stands").add_argument(
+        "folder", metavar="DIR", nargs="?", default=".")
+    for name, what in (("check", "check exercise N"), ("hint", "the next hint of exercise N"),
+                       ("solution", "tinyvit's own code for exercise N")):
+        command = commands.add_parser(name, help=what)
+        command.add_argument("number", metavar="N", type=int)
+        command.add_argument("folder", metavar="DIR", nargs="?", default=".")
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    folder = Path(args.folder)
+    try:
+        if args.command == "start":
+            start(folder, args.data_dir)
+            print(f"wrote a workbook of {len(EXERCISES) + 1} exercises into {folder}: "
+                  f"cd {folder} && python -m pytest -x, then open {EXERCISES[0].filename}")
+            return 0
+        _require_workbook(folder)
+        return COMMANDS[args.command](folder, getattr(args, "number", None))
+    except (FileExistsError, LookupError, ValueError) as error:
+        print(f"python -m tinyvit.learn: error: {error}", file=sys.stderr)
+        return 2
+
+
+def _require_workbook(folder):
+    if not (folder / MARKER).is_file():
+        raise ValueError(f"{folder} holds no workbook (no {MARKER}): python -m tinyvit.learn "
+                         "start DIR writes one")
+
+
+def _exercise(number):
+    if number == TRAINING:
+        raise LookupError(f"exercise {TRAINING} has nothing to write: it trains on your "
+                          f"exercises 1-{TRAINING - 1} (python -m tinyvit.learn check {TRAINING})")
+    try:
+        return by_number(number)
+    except KeyError:
+        numbers = sorted([ex.number for ex in EXERCISES] + [TRAINING])
+        raise LookupError(f"no exercise {number}: the exercises are {numbers[0]}-"
+                          f"{numbers[-1]}") from None
+
+
+def status(folder, _):
+    results = Progress(folder).read()
+    rows = [(ex.number, ex.filename, ex.title) for ex in EXERCISES]
+    rows.append((TRAINING, TRAINING_FILE, "training on your backward passes"))
+    marks = {"pass": "PASS", "fail": "FAIL", "blank": "not written", None: "not checked yet"}
+    for number, filename, title in sorted(rows):
+        print(f"{number:>3}  {marks[results.get(number)]:<16} {filename:<26} {title}")
+    passed = sum(result == "pass" for result in results.values())
+    print(f"{passed} of {len(rows)} passed")
+    return 0
+
+
+def check(folder, number):
+    filename = TRAINING_FILE if number == TRAINING else _exercise(number).filename
+    module = load_exercise(folder / filename)
+    tests = [f for name, f in vars(module).items() if name.startswith("test_")]
+    try:
+        for test in tests:
+            test()
+    except ExerciseFailed as failure:
+        print(failure)
+        return 1
+    return 0
+
+
+def hint(folder, number):
+    """The next level of hints: the shapes, then the chain rule's sums written out, then
+    the section of docs/backprop.md; each call shows one more."""
+    ex = _exercise(number)
+    levels = (f"the shapes: {ex.hints[0]}", f"the chain rule: {ex.hints[1]}",
+              f"the derivation: docs/backprop.md#{anchor(ex.section)}")
+    path = folder / HINTS
+    shown = json.loads(path.read_text()) if path.is_file() else {}
+    level = min(shown.get(str(number), 0) + 1, len(levels))
+    shown[str(number)] = level
+    path.write_text(json.dumps(shown, indent=1, sort_keys=True))
+    for i in range(level):
+        print(f"hint {i + 1} of {len(levels)} for exercise {number} ({ex.title}): {levels[i]}")
+    return 0
+
+
+def show_solution(folder, number):
+    ex = _exercise(number)
+    if Progress(folder).read().get(number) not in RAN:
+        print(f"exercise {number}: the solution comes after an attempt that ran: write your "
+              f"{ex.method or 'function'} in {ex.filename} and check it first")
+        return 1
+    where = f"{ex.reference.__module__}.{ex.reference.__qualname__}"
+    print(f"# tinyvit's own: {where}{'.' + ex.method if ex.method else ''}\n")
+    print(solution(ex))
+    return 0
+
+
+COMMANDS = {"status": status, "check": check, "hint": hint, "solution": show_solution}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""The last exercise: the MNIST preset trained on the learner's own backward passes.
+
+The model is built twice from one seed: once of the library's layers, once with
+every layer that the learner has written taking the learner's class (a class swap,
+as ``tinyvit.fast.accelerate`` does it). Both train the same steps on the same
+batches in float64, and their losses must be the same at every step: a backward that
+is right only at some shapes, or only where the checks looked, parts the curves.
+"""
+
+import json
+import os
+
+import numpy as np  # the two loss curves, on the host
+
+from ..backend import default_dtype, using_backend
+from ..data import Batches, dataset_info, load_dataset
+from ..models import create_model
+from ..nn.loss import SoftmaxCrossEntropy
+from ..nn.optim import AdamW
+from ..train.gradients import loss_and_gradients
+from .checking import MARKER, ExerciseFailed, Progress, load_exercise
+from .exercises import EXERCISES, STEPS, TRAINING
+
+BATCH, LR, AGREE = 32, 1e-3, 1e-6  # the losses must agree to AGREE, relative, at every step
+NEEDED = range(1, TRAINING)  # the exercises of the Vision Transformer's track
+
+
+def check_training(folder):
+    """Train the MNIST preset on the learner's layers of the workbook in ``folder`` and
+    on the library's, side by side; raise ``ExerciseFailed`` where the losses part."""
+    __tracebackhide__ = True  # pytest shows the paragraph, not these frames
+    progress = Progress(folder)
+    missing = [n for n in NEEDED if progress.read().get(n) != "pass"]
+    if missing:
+        progress.record(TRAINING, "blank")
+        raise ExerciseFailed(f"exercise {TRAINING} trains on your layers: pass exercises "
+                             f"{', '.join(map(str, missing))} first (python -m tinyvit.learn "
+                             f"status {folder})")
+    yours = _learners_classes(folder)
+    with using_backend("numpy"), default_dtype("float64"):
+        batches = _batches(folder)
+        library = _losses(None, None, batches)
+        mine = _losses(yours, yours.get(SoftmaxCrossEntropy), batches)
+    parted = np.flatnonzero(np.abs(mine - library) > AGREE * np.abs(library))
+    steps = len(library)
+    table = [f"step {s:>3}: yours {mine[s]:.10f}, the library's {library[s]:.10f}"
+             for s in sorted({0, steps // 4, steps // 2, 3 * steps // 4, steps - 1})]
+    if parted.size:
+        step = int(parted[0])
+        progress.record(TRAINING, "fail")
+        raise ExerciseFailed("\n".join([
+            f"exercise {TRAINING} (training): the loss curves part at step {step}: yours "
+            f"{mine[step]:.10f}, the library's {library[step]:.10f}; a backward that passed its "
+            "checks is still wrong somewhere the checks did not look (run every exercise "
+            "again: python -m pytest)", *table]))
+    progress.record(TRAINING, "pass")
+    print("\n".join([f"exercise {TRAINING} (training): PASS, {steps} steps of the MNIST preset "
+                     f"on your backward passes, the same losses as the library's to {AGREE:g}",
+                     *table]))
+
+
+def _learners_classes(folder):
+    """{the library's class: the learner's} from the workbook's files; Attention takes
+    both of the learner's methods (its core, exercise 12; the layer, exercise 15)."""
+    classes = {}
+    for ex in EXERCISES:  # the first exercise of a method wins: GELU's exact form, not tanh's
+        if ex.number in NEEDED and ex.method:
+            module = load_exercise(folder / ex.filename)
+            classes.setdefault(ex.reference, {}).setdefault(ex.method, getattr(module, ex.yours))
+    return {reference: type(f"Your{reference.__name__}", (reference,),
+                            {name: cls.__dict__[name] for name, cls in methods.items()})
+            for reference, methods in classes.items()}
+
+
+def _batches(folder):
+    settings = json.loads((folder / MARKER).read_text())
+    data_dir = settings.get("data_dir") or os.environ.get("TINYVIT_DATA")
+    images, labels = load_dataset("mnist", "train", data_dir=data_dir)
+    info = dataset_info("mnist")
+    return Batches(images[:STEPS * BATCH], labels[:STEPS * BATCH], BATCH, mean=info.mean,
+                   std=info.std, shuffle=True, drop_last=True)
+
+
+def _losses(yours, criterion_class, batches):
+    """The loss of every step of the MNIST preset (mean-pooled) from seed 0, its layers
+    the learner's where ``yours`` has them."""
+    model = create_model("mnist", pool="mean", seed=0)
+    for _, module in model.named_modules():
+        if yours and type(module) in yours:
+            module.__class__ = yours[type(module)]
+    criterion = (criterion_class or SoftmaxCrossEntropy)(label_smoothing=0.1)
+    optimizer = AdamW(model, lr=LR, weight_decay=0.05)
+    losses = []
+    for step, (x, y) in enumerate(batches.epoch(0)):
+        loss, _ = loss_and_gradients(model, criterion, x, y, seed=(0, step))
+        optimizer.step()
+        losses.append(float(loss))
+    return np.array(losses)
