@@ -3,6 +3,7 @@ not written; filled with the library's own backward passes, every exercise passe
 hybrid's track and the training on the learner's layers included; each bug of the
 gradient check's list, planted in its exercise, fails with the diagnosis that names it."""
 
+import json
 import subprocess
 import sys
 
@@ -177,3 +178,19 @@ def test_the_long_ways_equal_the_fused_backward_passes(backend):
     dA = randn(2, 3, 7, seed=2)
     np.testing.assert_allclose(B.to_host(softmax_jacobian_backward(A, dA)),
                                B.to_host(softmax_backward(A, dA)), rtol=1e-12, atol=1e-14)
+
+
+def test_the_data_folder_is_kept_whole_and_a_missing_one_is_named(tmp_path, monkeypatch):
+    """Given relative at the start, the data folder still holds where pytest runs (in the
+    workbook); without the MNIST files the training names what it needs."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "empty").mkdir()
+    assert command.main(["start", "workbook", "--data-dir", "empty"]) == 0
+    folder = tmp_path / "workbook"
+    assert json.loads((folder / "learn.json").read_text()) == {
+        "data_dir": str((tmp_path / "empty").resolve())}
+    (folder / ".learn-progress.json").write_text(json.dumps({n: "pass" for n in range(1, 20)}))
+    fill_all(folder)
+    with pytest.raises(ExerciseFailed, match=f"exercise {TRAINING} trains on MNIST: mnist train: "
+                                             f"{tmp_path / 'empty'} does not hold the files"):
+        check_training(folder)

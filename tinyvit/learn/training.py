@@ -13,7 +13,7 @@ import os
 import numpy as np  # the two loss curves, on the host
 
 from ..backend import default_dtype, using_backend
-from ..data import Batches, dataset_info, load_dataset
+from ..data import Batches, DatasetError, dataset_info, load_dataset
 from ..models import create_model
 from ..nn.loss import SoftmaxCrossEntropy
 from ..nn.optim import AdamW
@@ -38,7 +38,12 @@ def check_training(folder):
                              f"status {folder})")
     yours = _learners_classes(folder)
     with using_backend("numpy"), default_dtype("float64"):
-        batches = _batches(folder)
+        try:
+            batches = _batches(folder)
+        except DatasetError as error:
+            raise ExerciseFailed(f"exercise {TRAINING} trains on MNIST: {error} (write the "
+                                 f"folder of the files into {folder / MARKER}, or set "
+                                 "TINYVIT_DATA)") from None
         library = _losses(None, None, batches)
         mine = _losses(yours, yours.get(SoftmaxCrossEntropy), batches)
     parted = np.flatnonzero(np.abs(mine - library) > AGREE * np.abs(library))

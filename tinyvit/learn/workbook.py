@@ -30,6 +30,7 @@ def start(folder, data_dir=None):
     (folder / TRAINING_FILE).write_text(TRAINING_TEMPLATE)
     (folder / "README.md").write_text(readme())
     (folder / "pytest.ini").write_text(PYTEST_INI)
+    data_dir = str(Path(data_dir).resolve()) if data_dir else None  # pytest runs in the folder
     (folder / MARKER).write_text(json.dumps({"data_dir": data_dir}, indent=1) + "\n")
     return folder
 
