@@ -61,7 +61,7 @@ def _imports(ex):
 def render(ex):
     """The file of an exercise, its blank empty."""
     what = _what(ex)
-    body = "\n".join(f"# {line}" for line in ex.task.splitlines())
+    body = "\n".join(f"# {line}" for line in textwrap.wrap(" ".join(ex.task.split()), 84))
     blank = (f"{BEGIN.format(what=what)}\n"
              f"raise NotImplementedError(\"exercise {ex.number}: write {ex.yours}"
              f"{'.' + ex.method if ex.method else ''} here\")\n"
