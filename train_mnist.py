@@ -7,6 +7,7 @@
     python train_mnist.py --eval runs/mnist/best.npz
     python train_mnist.py --predict digit.png --checkpoint runs/mnist/best.npz
     python train_mnist.py --data-dir ../shared/data --init runs/fashion-mnist --image-size 42
+    mpiexec -n 4 python train_mnist.py --data-dir ../shared/data             # 4 processes (MPI)
 
 Every flag is optional; ``--recipe`` picks a tested set of defaults (see
 ``RECIPES``) that the other flags then override.
@@ -15,6 +16,7 @@ Every flag is optional; ``--recipe`` picks a tested set of defaults (see
 import argparse
 import dataclasses
 import sys
+import traceback
 from pathlib import Path
 
 from tinyvit.allocator import keep_freed_memory
@@ -30,6 +32,7 @@ from tinyvit.train import (
     make_batches,
     predict,
 )
+from tinyvit.train.distributed import LaunchError, StopRequested, communicator, launched
 from tinyvit.train.parallel import MAX_AUTO_WORKERS, auto_workers
 from tinyvit.weights import CheckpointError
 
@@ -90,7 +93,7 @@ def parse_args(argv):
     p.add_argument("--seed", type=int)
     p.add_argument("--workers", type=int,
                    help="processes sharing each batch on NumPy (default: one per "
-                        f"CPU core, at most {MAX_AUTO_WORKERS}; 1 on cupy)")
+                        f"CPU core, at most {MAX_AUTO_WORKERS}; 1 on cupy or under mpiexec)")
     p.add_argument("--reference", dest="tier", action="store_const", const="reference",
                    help="train the reference layers of tinyvit/nn as written, not the fast "
                         "kernels of tinyvit/fast (slower)")
@@ -178,7 +181,8 @@ def make_config(args):
                        **{k: given[k] for k in MODEL_FLAGS if k in given}}
     values = {**recipe, **{k: v for k, v in given.items() if k in fields}}
     values.setdefault("out_dir", f"runs/{args.recipe or values.get('dataset', 'mnist')}")
-    values.setdefault("workers", auto_workers(values.get("backend", "numpy")))
+    if launched()[1] == 1:  # under mpiexec, its processes share each batch
+        values.setdefault("workers", auto_workers(values.get("backend", "numpy")))
     return TrainConfig(**values, model_overrides=model_overrides)
 
 
@@ -204,22 +208,52 @@ def run(args, mode, config):
 
 
 def main(argv=None):
+    """The command's exit status. Under mpiexec every process runs it, and the first
+    error in any one of them ends them all."""
+    rank, size = launched()
     try:
         args, mode = parse_args(argv)
         config = make_config(args) if mode == "train" else None
-    except ValueError as error:  # a flag out of range (--epochs 0) or one its mode would ignore
-        print(f"train_mnist.py: error: {error}", file=sys.stderr)
+        world = communicator() if size > 1 else None
+    except (ValueError, LaunchError) as error:  # a flag out of range, or one its mode would
+        if rank == 0:  # ignore, or mpi4py missing: the same in every process
+            print(f"train_mnist.py: error: {error}", file=sys.stderr)
         return 2
     keep_freed_memory()  # this process is ours: reuse freed arrays' pages (tinyvit/allocator.py)
     try:
+        code = run_reporting_errors(args, mode, config)
+    except StopRequested:  # every process stopped at the same step; the first saved last.npz
+        return 130
+    except Exception:  # a bug
+        if world is None:
+            raise
+        traceback.print_exc()
+        code = 1
+    if world is not None and code != 0:  # the others may be waiting for this one
+        world.abort(code)
+    return code
+
+
+def run_reporting_errors(args, mode, config):
+    """``run``, with the errors that are not bugs reported in one line; returns the
+    exit status."""
+    rank, size = launched()
+    process = f" (process {rank} of {size})" if size > 1 else ""
+    try:
         run(args, mode, config)
+    except LaunchError as error:  # the same in every process: the first says it
+        if rank == 0:
+            print(f"train_mnist.py: error: {error}", file=sys.stderr)
+        return 2
     except (DatasetError, CheckpointError, FileNotFoundError, BackendError, TrainingDiverged,
             NoSpaceError) as error:
         # not a bug: a file it was given, a backend not installed here, a learning rate
         # too high for the run, or a full disk
-        print(f"train_mnist.py: error: {error}", file=sys.stderr)
+        print(f"train_mnist.py: error{process}: {error}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:  # a training run has saved last.npz by now
+    except StopRequested:  # for main: not this process's alone
+        raise
+    except KeyboardInterrupt:  # a training run in one process has saved last.npz by now
         return 130
     return 0
 

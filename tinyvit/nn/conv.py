@@ -1,6 +1,7 @@
 """The layers of a convolutional stem (a hybrid ViT feeds the transformer the
-feature map of a few of these instead of raw patches): Conv2d, BatchNorm2d,
-GroupNorm, ReLU and MaxPool2d, each with its backward written by hand.
+feature map of a few of these instead of raw patches): Conv2d, BatchNorm2d
+(and SyncBatchNorm2d, its batch split over processes), GroupNorm, ReLU and
+MaxPool2d, each with its backward written by hand.
 
 Each layer keeps the contract of ``tinyvit/nn/module.py``; the derivations are in
 the docstrings and, at more length, in ``docs/backprop.md``.
@@ -295,6 +296,65 @@ class BatchNorm2d(Module):
         self.bias.grad += dout.sum(axis=(0, 2, 3))
         g = dout * self.weight.data[:, None, None]  # (B, C, H, W)
         return standardize_backward(g, xhat, rstd, (0, 2, 3))
+
+
+class SyncBatchNorm2d(BatchNorm2d):
+    """BatchNorm2d over a batch split between processes (data parallelism): in
+    training mode every process normalizes its rows with the mean and variance of
+    the whole batch, as one process holding all of it would; eval mode is
+    BatchNorm2d's. The data-parallel trainer makes a model's BatchNorm2d layers
+    this class (``tinyvit/train/distributed.py``) and gives each one
+    ``sum_over_processes(a)``: ``a`` replaced, in place, by its sum over the
+    processes (an MPI Allreduce).
+
+    With n_r values per channel on process r, n = sum_r n_r and sum_r over the
+    processes, the forward takes the two passes of ``standardize``:
+        mean = sum_r sum(x_r) / n,   var = sum_r sum((x_r - mean)^2) / n.
+    The cache is xhat, rstd and n.
+    """
+
+    sum_over_processes = None  # set when the class is swapped in
+
+    def forward(self, x):
+        if not self.training:
+            return super().forward(x)
+        check_images(x, "SyncBatchNorm2d", self.num_features)
+        local = x.shape[0] * x.shape[2] * x.shape[3]
+        count = xp.full((1,), local, dtype=x.dtype)
+        sums = self.sum_over_processes(xp.concatenate([x.sum(axis=(0, 2, 3)), count]))
+        n = int(sums[-1])
+        if n < 2:
+            raise ValueError(f"SyncBatchNorm2d: expected more than 1 value per channel in "
+                             f"training, got {n} over the processes")
+        mean = sums[:-1] / n  # (C,)
+        centered = x - mean[:, None, None]  # (B, C, H, W)
+        var = self.sum_over_processes((centered * centered).sum(axis=(0, 2, 3))) / n
+        rstd = 1.0 / xp.sqrt(var + self.eps)  # (C,)
+        self.update_running_averages(mean, var, n)
+        xhat = centered * rstd[:, None, None]
+        self.cache = (xhat, rstd[:, None, None], n)
+        return self.weight.data[:, None, None] * xhat + self.bias.data[:, None, None]
+
+    def backward(self, dout):
+        """(Training mode.) BatchNorm2d's backward with its means taken over the
+        whole batch: each process sums g and g * xhat over its values, those sums
+        are summed over the processes (one call for both), and
+            dx = rstd * (g - sum(g) / n - xhat * sum(g * xhat) / n).
+        dgamma and dbeta stay this process's part of the batch's: the trainer
+        sums every gradient over the processes after the backward. ``dout`` must
+        be this process's part of the whole batch's gradient (its loss weighted
+        by its share of the batch), as the means mix every process's rows.
+        """
+        xhat, rstd, n = self._take_cache()
+        self.weight.grad += (dout * xhat).sum(axis=(0, 2, 3))
+        self.bias.grad += dout.sum(axis=(0, 2, 3))
+        g = dout * self.weight.data[:, None, None]  # (B, C, H, W)
+        C = self.num_features
+        sums = self.sum_over_processes(xp.concatenate([g.sum(axis=(0, 2, 3)),
+                                                       (g * xhat).sum(axis=(0, 2, 3))]))
+        mean_g = (sums[:C] / n)[:, None, None]  # (C, 1, 1)
+        mean_gx = (sums[C:] / n)[:, None, None]
+        return rstd * (g - mean_g - xhat * mean_gx)
 
 
 class GroupNorm(Module):

@@ -6,6 +6,9 @@ epoch, evaluates on the test split and writes to ``config.out_dir``:
 ``last.npz`` (everything needed to resume, written first), ``best.npz`` (the
 best test accuracy so far), ``metrics.json`` and ``curves.png`` (``report.py``).
 
+Under mpiexec the processes share each batch (``distributed.py``) and the
+primary process alone prints and writes.
+
 Reproducibility: the data order, the augmentation and the dropout masks of step
 b in epoch e are all seeded from ``(seed, e, b)``, so the only state is the
 weights, the optimizer and where the run stands (``RunState``). That makes a
@@ -21,13 +24,14 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from ..backend import get_backend, set_backend
+from ..backend import get_backend, on_cpu, set_backend
 from ..files import NoSpaceError, atomic_write
 from ..models import ViT
 from ..weights import load_checkpoint, save_checkpoint, saved_model_config
 from .budget import keep_to_budget, plan_epochs
 from .build import build_model, make_batches
 from .config import TrainConfig
+from .distributed import communicator, launched
 from .evaluate import evaluate
 from .report import write_final_report, write_metrics
 from .state import RunState, Totals
@@ -55,23 +59,28 @@ def fit(config, resume=None, stop_after_steps=None):
     if resume is not None:
         model_state, optim_state, meta = load_checkpoint(resume)
         config = TrainConfig(**meta["config"])
+        if launched()[1] > 1:  # mpiexec's processes share each batch, whatever ran it before
+            config = dataclasses.replace(config, workers=1)
     set_backend(config.backend)
+    if launched()[1] > 1 and not on_cpu():
+        communicator().use_local_gpu()
     train_batches, test_batches = make_batches(config, "train"), make_batches(config, "test")
     if resume is None:
         model, notes = build_model(config)
         state = RunState(lr=config.lr, init=notes)
     else:
         model, state = ViT(saved_model_config(meta)), RunState.from_meta(meta)
-    # made once data and model are read: a run that cannot start leaves nothing
-    out = Path(config.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     trainer = Trainer(config, model)
-    _print_start(config, trainer.model, train_batches, state.init)
+    out = Path(config.out_dir)
+    if trainer.primary:  # made once data and model are read: a run that cannot start leaves nothing
+        out.mkdir(parents=True, exist_ok=True)
+        _print_start(config, trainer, train_batches, state.init)
     if resume is not None:
         trainer.model.load_state_dict(model_state)
         trainer.optimizer.load_state_dict(optim_state)
         started -= state.wall  # the run's wall clock goes on from where it was saved
-        print(f"resumed from {resume} at epoch {state.epoch + 1}, step {state.step}")
+        if trainer.primary:
+            print(f"resumed from {resume} at epoch {state.epoch + 1}, step {state.step}")
     steps_done, evaluation = 0, None
     with trainer:
         try:
@@ -80,12 +89,14 @@ def fit(config, resume=None, stop_after_steps=None):
                                            steps_done)
                 evaluation = _end_epoch(trainer, test_batches, state, out, started)
             evaluation = evaluation or evaluate(trainer.evaluator(), test_batches)
-            write_final_report(out, config.dataset, state.history, evaluation)
+            if trainer.primary:
+                write_final_report(out, config.dataset, state.history, evaluation)
         except KeyboardInterrupt:  # in training or in evaluation: state says where the run is
-            state.wall = time.perf_counter() - started
-            path = _save(out / "last.npz", trainer, state)
-            print(f"\ninterrupted: saved {path} (epoch {state.epoch + 1}, step {state.step}); "
-                  f"resume with --resume {path}")
+            if trainer.primary:
+                state.wall = time.perf_counter() - started
+                path = _save(out / "last.npz", trainer, state)
+                print(f"\ninterrupted: saved {path} (epoch {state.epoch + 1}, "
+                      f"step {state.step}); resume with --resume {path}")
             raise
         except NoSpaceError as error:
             advice = _after_full_disk(out)
@@ -129,7 +140,7 @@ def _train_epoch(trainer, batches, state, stop_after_steps, steps_done):
 
     epochs = "?" if config.budget and not state.plan else config.epochs  # "?": not planned yet
     bar = tqdm(batches.epoch(epoch, start=state.step), total=n, initial=state.step,
-               desc=f"epoch {epoch + 1}/{epochs}", unit="batch")
+               desc=f"epoch {epoch + 1}/{epochs}", unit="batch", disable=not trainer.primary)
     try:
         for x, y in bar:
             if stop_after_steps is not None and steps_done + ran >= stop_after_steps:
@@ -163,8 +174,8 @@ def _end_epoch(trainer, test_batches, state, out, started):
     Returns ``evaluate``'s result, or None."""
     start = time.perf_counter()
     if trainer.config.budget and state.plan is not None:
-        trainer.config = keep_to_budget(trainer.config, state.plan, state.epoch + 1,
-                                        start - started)
+        trainer.config = trainer.on_primary(keep_to_budget, trainer.config, state.plan,
+                                            state.epoch + 1, start - started)
     config, epoch, totals = trainer.config, state.epoch, state.running
     planning = config.budget > 0 and state.plan is None
     evaluation = test_loss = test_acc = None
@@ -174,8 +185,9 @@ def _end_epoch(trainer, test_batches, state, out, started):
     eval_seconds = time.perf_counter() - start
     elapsed = state.elapsed + eval_seconds
     if planning:
-        trainer.config, state.plan = plan_epochs(config, totals.time, eval_seconds,
-                                                 time.perf_counter() - started)
+        trainer.config, state.plan = trainer.on_primary(plan_epochs, config, totals.time,
+                                                        eval_seconds,
+                                                        time.perf_counter() - started)
     seen = max(totals.seen, 1)
     row = {
         "epoch": epoch + 1,
@@ -192,6 +204,8 @@ def _end_epoch(trainer, test_batches, state, out, started):
     vars(state).update(history=state.history + [row], epoch=epoch + 1, step=0, elapsed=elapsed,
                        running=Totals(), best_acc=test_acc if best else state.best_acc,
                        wall=time.perf_counter() - started)
+    if not trainer.primary:
+        return evaluation
     test = "not evaluated" if test_acc is None else f"loss {test_loss:.4f} acc {test_acc:.4f}"
     print(f"epoch {epoch + 1}: train loss {row['train_loss']:.4f} acc {row['train_acc']:.4f} | "
           f"test {test} | {row['images_per_s']:.0f} img/s | {elapsed:.0f} s")
@@ -214,12 +228,14 @@ def _copy(source, target):
         shutil.copyfileobj(f, out)
 
 
-def _print_start(config, model, batches, init_notes):
+def _print_start(config, trainer, batches, init_notes):
     epochs = f"a budget of {config.budget:g} min" if config.budget else f"{config.epochs} epochs"
+    model, comm = trainer.model, trainer.communicator
+    processes = (f"{config.workers} worker(s)" if comm is None
+                 else f"{comm.size} processes (MPI)")
     print(f"layers: {model.describe_tier()}")
     print(f"{config.dataset}: {batches.images.shape[0]} training images, "
-          f"{len(batches)} steps/epoch, {epochs}, backend {get_backend()}, "
-          f"{config.workers} worker(s)")
+          f"{len(batches)} steps/epoch, {epochs}, backend {get_backend()}, {processes}")
     print(f"model: {model.num_parameters():,} parameters, {model.config}")
     for line in init_notes or ():
         print(f"  {line}")

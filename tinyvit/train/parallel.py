@@ -11,12 +11,13 @@ results travel through shared memory, the commands through a pipe. For one
 training step the parent writes the current weights, the images and their
 target distributions, and worker w, over its rows [lo_w, hi_w) of the batch:
   1. copies the weights into its replica,
-  2. runs forward, loss and backward,
+  2. runs forward, loss and backward, the loss weighted by its share B_w / B,
   3. writes its logits and its gradient g_w back.
 The loss is a mean over the batch, L = sum_w (B_w / B) L_w with L_w the mean
-over worker w's B_w rows, so its gradient is sum_w (B_w / B) g_w: the parent
-forms that in its own model's gradient buffer and steps its optimizer as in a
-single process. Inference splits the batch the same way, forward only.
+over worker w's B_w rows, so with that weight (``gradients.py``) its gradient
+is sum_w g_w: the parent forms that in its own model's gradient buffer and steps
+its optimizer as in a single process. Inference splits the batch the same way,
+forward only.
 A BatchNorm stem normalizes each worker's share by that share's statistics (as
 data-parallel PyTorch does without SyncBatchNorm); each worker updates the
 running averages from the same values, and the parent keeps their mean, which
@@ -41,7 +42,7 @@ from ..backend import default_dtype, on_cpu, quiet_overflow, xp
 from ..fast import accelerate
 from ..models import ViT
 from ..nn.loss import SoftmaxCrossEntropy
-from .gradients import loss_and_gradients
+from .gradients import loss_and_gradients, rows, share_seed
 
 MAX_AUTO_WORKERS = 4  # the gain was measured on 2 cores only: more small shares are untested
 
@@ -143,8 +144,7 @@ class DataParallel:
 
     def shards(self, n):
         """Rows [lo, hi) of a batch of n for each worker, sizes within 1 of each other."""
-        edges = [n * w // self.workers for w in range(self.workers + 1)]
-        return list(zip(edges[:-1], edges[1:]))
+        return [rows(n, w, self.workers) for w in range(self.workers)]
 
     def gradients(self, x, targets, seed=0):
         """Loss (mean over the batch) and logits of ``x`` (B, C, H, W) against
@@ -157,8 +157,8 @@ class DataParallel:
         loss = 0.0
         averages = xp.zeros_like(self.buffers)
         for rank, lo, hi, worker_loss in self._run("train", x, seed):
-            share = (hi - lo) / n
-            self.grad += share * self.shared["grads"][rank]
+            share = (hi - lo) / n  # the worker's gradient is its share's part already
+            self.grad += self.shared["grads"][rank]
             loss += share * worker_loss
             averages += share * self.shared["worker_buffers"][rank]
         # each worker updated the running averages with its share's statistics: their mean
@@ -188,7 +188,7 @@ class DataParallel:
         shards = [(rank, lo, hi) for rank, (lo, hi) in enumerate(self.shards(n)) if hi > lo]
         try:
             for rank, lo, hi in shards:
-                self.pipes[rank].send((mode, lo, hi, seed))
+                self.pipes[rank].send((mode, lo, hi, n, seed))
             # all, so none is left unread
             replies = [self.pipes[rank].recv() for rank, _, _ in shards]
         except (EOFError, OSError):  # a worker gone: end of file, broken pipe or reset connection
@@ -220,7 +220,7 @@ def _worker(rank, config, dtype, fast, arrays, pipe):
     buffers = model.flat_buffers()
     criterion = SoftmaxCrossEntropy()  # targets come as distributions, label smoothing applied
     while (command := pipe.recv()) is not None:
-        mode, lo, hi, seed = command
+        mode, lo, hi, n, seed = command
         try:
             weights[...] = shared["weights"]
             buffers[...] = shared["buffers"]
@@ -233,14 +233,10 @@ def _worker(rank, config, dtype, fast, arrays, pipe):
                 continue
             with quiet_overflow():  # as Trainer.step: the divergence check reports it
                 loss, logits = loss_and_gradients(model, criterion, x, shared["targets"][lo:hi],
-                                                  (*_as_tuple(seed), rank))
+                                                  share_seed(seed, rank), (hi - lo) / n)
             shared["grads"][rank] = grad
             shared["worker_buffers"][rank] = buffers
             shared["logits"][lo:hi] = logits
             pipe.send(("ok", float(loss)))
         except Exception:
             pipe.send(("error", traceback.format_exc()))
-
-
-def _as_tuple(seed):
-    return seed if isinstance(seed, tuple) else (seed,)

@@ -6,6 +6,7 @@ from ..data import augment
 from ..fast import accelerate
 from ..nn.loss import SoftmaxCrossEntropy
 from ..nn.optim import SGD, AdamW, clip_grad_norm, grad_norm, warmup_cosine
+from .distributed import MPIParallel, check_launch, communicator, launched
 from .gradients import loss_and_gradients
 from .parallel import DataParallel
 
@@ -15,9 +16,11 @@ class Trainer:
 
     The model's layers become the fast kernels here (``tinyvit.fast.accelerate``)
     unless the run asks for the reference tier. As a context manager the trainer
-    also runs the worker processes of a run with ``workers > 1``
-    (``parallel.py``): then training steps and evaluation split each batch over
-    them. Without ``with``, everything runs in this process.
+    also splits each batch of training steps and evaluation over processes: the
+    worker processes of a run with ``workers > 1`` (``parallel.py``), or the
+    processes that mpiexec started (``distributed.py``), of which the first,
+    ``primary``, writes and prints for all. Without ``with``, everything runs in
+    this process.
     """
 
     def __init__(self, config, model):
@@ -31,6 +34,11 @@ class Trainer:
                                  weight_decay=config.weight_decay)
         self.num_classes = self.model.config.num_classes
         self.trainable = self.head_mask() if config.freeze_backbone else None
+        rank, size = launched()
+        self.primary = rank == 0
+        self.communicator = communicator() if size > 1 else None
+        if self.communicator is not None:
+            check_launch(config, size)
         self.parallel = None
 
     def head_mask(self):
@@ -50,9 +58,12 @@ class Trainer:
 
     def __enter__(self):
         c = self.config
-        if c.workers > 1:
+        if self.communicator is not None:
+            self.parallel = MPIParallel(self.model, self.communicator)
+        elif c.workers > 1:
             self.parallel = DataParallel(self.model, c.workers,
                                          max(c.batch_size, c.eval_batch_size))
+        if self.parallel is not None:
             self.parallel.__enter__()
         return self
 
@@ -100,5 +111,13 @@ class Trainer:
         return loss, (logits.argmax(axis=1) == y).sum(), norm
 
     def evaluator(self):
-        """What ``evaluate`` runs: the model, or the workers when there are some."""
+        """What ``evaluate`` runs: the model, or the processes when there are some."""
         return self.model if self.parallel is None else self.parallel
+
+    def on_primary(self, function, *args):
+        """``function(*args)`` run by the primary process alone, its result returned
+        in every process of an MPI run (for decisions taken from clocks, which
+        differ between processes, and that print)."""
+        if self.communicator is None:
+            return function(*args)
+        return self.communicator.broadcast(function(*args) if self.primary else None)
