@@ -239,3 +239,29 @@ def test_conv_benchmark_runs(tmp_path):
     layouts = {label: r["tinyvit"]["layout"] for label, r in figures["results"].items()}
     assert layouts["28x28x1 -> 32, 3x3 s2 p1"] == "channels-first"  # C 1 < Wo 14
     assert layouts["14x14x32 -> 64, 3x3 s2 p1"] == "channels-last"  # C 32 >= Wo 7
+
+
+@pytest.fixture(scope="module")
+def scaling(bench):
+    """scaling.py (it imports layer_profile.py from benchmarks/, which loading
+    benchmark.py puts on sys.path)."""
+    return load_script(SCRIPT.with_name("scaling.py"))
+
+
+def test_scaling_models_a_ring_allreduce(scaling):
+    """2 (N - 1) / N of the bytes over the link, and 2 (N - 1) messages."""
+    assert scaling.ring_allreduce_s(1e9, 2, 8) == pytest.approx(1.0 + 2 * scaling.LATENCY)
+    assert scaling.ring_allreduce_s(1e9, 4, 8) == pytest.approx(1.5 + 6 * scaling.LATENCY)
+
+
+def test_scaling_stops_gaining_where_doubling_gains_less_than_a_tenth(scaling):
+    assert scaling.stops_gaining({2: 1.9, 4: 3.5, 8: 3.8, 16: 3.0}, 128) == \
+        "N=4 (32 images a machine)"
+    assert scaling.stops_gaining({2: 1.9, 4: 3.5}, 128) == "beyond N=4"
+
+
+def test_scaling_takes_the_median_of_each_figure_over_runs(scaling):
+    runs = [{"processes": 1, "recipes": {"mnist": {"batch": 128, "step_ms": t}}}
+            for t in (30.0, 10.0, 20.0)]
+    assert scaling.median_run(runs) == {"processes": 1,
+                                        "recipes": {"mnist": {"batch": 128, "step_ms": 20.0}}}
