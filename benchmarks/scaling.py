@@ -79,7 +79,7 @@ def allreduce_ms(parameters, repeats=30):
     """Median ms of an Allreduce of ``parameters`` float32 values over the processes."""
     world, buffer, times = communicator(), np.ones(parameters, dtype=np.float32), []
     for _ in range(repeats + 3):
-        world.world.Barrier()
+        world.barrier()
         start = time.perf_counter()
         world.sum(buffer)
         times.append(1e3 * (time.perf_counter() - start))

@@ -133,6 +133,10 @@ class Communicator:
         self.world.Allgatherv(part, [whole, counts])
         return xp.asarray(whole)
 
+    def barrier(self):
+        """Wait until every process has called it."""
+        self.world.Barrier()
+
     def broadcast(self, value):
         """Process 0's ``value`` (any picklable object), in every process."""
         return self.world.bcast(value, root=0)
@@ -178,9 +182,11 @@ class MPIParallel:
             self._handlers[sig] = signal.signal(sig, self._request_stop)
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, exc_type, *exc):
         for sig, handler in self._handlers.items():
             signal.signal(sig, handler)
+        if exc_type is None or exc_type is StopRequested:  # every process is here: leave
+            self.comm.barrier()  # together, once the first has written its files
 
     def _request_stop(self, signum, frame):
         self.stop_requested = True
