@@ -229,7 +229,9 @@ def main(argv=None):
             raise
         traceback.print_exc()
         code = 1
-    if world is not None and code != 0:  # the others may be waiting for this one
+    # an error or an interruption of this process alone (a launch error, 2, is every process's):
+    # the others may be waiting for it in a collective that would never end
+    if world is not None and code in (1, 130):
         world.abort(code)
     return code
 

@@ -15,6 +15,7 @@ stripes and a tiny training config.
 import dataclasses
 import gzip
 import hashlib
+import os
 import struct
 from pathlib import Path
 
@@ -60,6 +61,11 @@ def tier(request):
 
 
 # --------------------------------------------------------------------------- dataset files
+
+
+# the official dataset files: $TINYVIT_DATA, else shared/data beside the repository
+REAL_DATA = Path(os.environ.get("TINYVIT_DATA")
+                 or Path(__file__).resolve().parents[2] / "shared" / "data")
 
 
 def sha256(path):

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import MNIST_FILES, patch_info, sha256, write_idx
+from conftest import MNIST_FILES, REAL_DATA, patch_info, sha256, write_idx
 from tinyvit import backend as B
 from tinyvit import data
 from tinyvit.data import Batches, DatasetError, fetch, load_dataset, readers
@@ -623,14 +623,6 @@ def test_batches_check_their_inputs():
 
 
 # --------------------------------------------------------------------------- real data
-
-
-def real_data_root():
-    return Path(os.environ.get("TINYVIT_DATA")
-                or Path(__file__).resolve().parents[2] / "shared" / "data")
-
-
-REAL_DATA = real_data_root()
 
 
 def read_sha256sums(folder):

@@ -26,10 +26,11 @@ shows the progress bar. Ctrl-C (mpiexec passes SIGINT to every process) or
 SIGINT or SIGTERM sent to any one process only raises a flag, which travels in
 the small Allreduce: at the same step every process stops (``StopRequested``),
 and process 0 saves ``last.npz``. A process that dies cannot take part in the
-next Allreduce; mpiexec notices its end and stops the others with a message
-naming it. A process that meets an error ends them all (``Communicator.abort``):
-train_mnist.py does so; a program of your own that calls ``fit`` under mpiexec
-can run as ``python -m mpi4py program.py``, whose runner does the same.
+next Allreduce; mpiexec notices its end and stops the others ("BAD TERMINATION
+OF ONE OF YOUR APPLICATION PROCESSES", MPICH's mpiexec says). A process that
+meets an error ends them all (``Communicator.abort``): train_mnist.py does so;
+a program of your own that calls ``fit`` under mpiexec can run as
+``python -m mpi4py program.py``, whose runner does the same.
 
 The processes on one machine share its cores: each limits its BLAS threads to
 its part of them (unless OPENBLAS_NUM_THREADS or OMP_NUM_THREADS says otherwise).
