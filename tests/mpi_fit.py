@@ -5,7 +5,8 @@ that mpiexec starts:
 
 trains the tiny ViT of the tests on the synthetic MNIST files in DATA_DIR (as
 conftest's ``stripes`` writes them; registered here with their checksums), with
-TrainConfig fields given as FIELD=JSON. The other settings, read before the run:
+TrainConfig fields given as FIELD=VALUE (JSON, or a plain string). The other
+settings, read before the run:
 ``dtype`` (default float64), ``steps`` (stop after that many, as a Ctrl-C does)
 and ``resume`` (a checkpoint). Every process prints its pid first, and a line for
 each checkpoint or metrics file it writes; the exit status is train_mnist.py's.
@@ -50,7 +51,10 @@ def main(data_dir, out_dir, *settings):
     fields = dict(TINY, data_dir=data_dir, out_dir=out_dir)
     for setting in settings:
         name, value = setting.split("=", 1)
-        fields[name] = value if name in ("dtype", "resume") else json.loads(value)
+        try:
+            fields[name] = json.loads(value)
+        except json.JSONDecodeError:  # a plain string: dtype=float32, backend=cupy
+            fields[name] = value
     dtype, steps, resume = (fields.pop(k, None) for k in ("dtype", "steps", "resume"))
     with default_dtype(dtype or "float64"):
         try:

@@ -22,7 +22,7 @@ import pytest
 
 import train_mnist
 from conftest import REAL_DATA, randn
-from tinyvit.backend import default_dtype, using_backend
+from tinyvit.backend import cupy_available, default_dtype, using_backend
 from tinyvit.nn.conv import BatchNorm2d, SyncBatchNorm2d
 from tinyvit.train import TrainConfig
 from tinyvit.train.distributed import LaunchError, check_launch
@@ -178,6 +178,21 @@ def test_two_processes_train_the_one_process_model(stripes, tmp_path, model, dty
     for name in one:
         np.testing.assert_allclose(two[name], one[name], rtol=tolerance, atol=tolerance,
                                    err_msg=name)
+
+
+@mpi
+@pytest.mark.gpu
+@pytest.mark.skipif(not cupy_available(), reason="CuPy with a CUDA GPU not available")
+def test_two_processes_on_one_gpu_train_the_one_process_model(stripes, tmp_path):
+    """On CuPy: each process takes the GPU of its rank on the machine (modulo the
+    GPUs: here both share one), and the sums go through host memory."""
+    settings = ["backend=cupy", "steps=6", f"model_overrides={HYBRID}"]
+    assert run(1, stripes, tmp_path / "one", *settings)[0] == 130
+    rc, out = run(2, stripes, tmp_path / "two", *settings)
+    assert rc == 130, out
+    one, two = weights(tmp_path / "one/last.npz"), weights(tmp_path / "two/last.npz")
+    for name in one:
+        np.testing.assert_allclose(two[name], one[name], rtol=1e-12, atol=1e-12, err_msg=name)
 
 
 @mpi
