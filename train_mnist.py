@@ -219,6 +219,8 @@ def main(argv=None):
         if rank == 0:  # ignore, or mpi4py missing: the same in every process
             print(f"train_mnist.py: error: {error}", file=sys.stderr)
         return 2
+    if mode in ("eval", "predict") and rank > 0:  # one process does it: the others have no part
+        return 0
     keep_freed_memory()  # this process is ours: reuse freed arrays' pages (tinyvit/allocator.py)
     try:
         code = run_reporting_errors(args, mode, config)
