@@ -107,6 +107,10 @@ def cases(build, *shapes):
     return tuple((lambda make, shape=shape: build(make, shape)) for shape in shapes)
 
 
+# the two softmax exercises (the Jacobian, then fused) check the same cases
+SOFTMAX_CASES = cases(lambda make, shape: (harness.Softmax(make), (2 * randn(*shape),), None),
+                      (2, 3, 5), (1, 1, 7), (4, 9))
+
 EXERCISES = (
     Exercise(
         1, "linear", "Linear", "vit", layers.Linear, "backward", "MyLinear",
@@ -239,8 +243,7 @@ dS = dA J, row by row.""",
         ("J (..., N, N); dS and dA (..., N)",
          "A_j = exp(S_j) / sum_k exp(S_k): dA_j/dS_k = A_j (delta_jk - A_k), so "
          "J = diag(A) - A^T A per row, and dS_k = sum_j dA_j J[j, k]"),
-        cases(lambda make, shape: (harness.Softmax(make), (2 * randn(*shape),), None),
-              (2, 3, 5), (1, 1, 7), (4, 9)),
+        SOFTMAX_CASES,
         (("tinyvit.backend", "xp"),),
     ),
     Exercise(
@@ -252,8 +255,7 @@ dS = dA J, row by row.""",
         ("dS, A and dA (..., N); one sum per row (..., 1)",
          "dS_k = sum_j dA_j A_j (delta_jk - A_k) = A_k (dA_k - sum_j dA_j A_j): every row "
          "of dS then sums to zero"),
-        cases(lambda make, shape: (harness.Softmax(make), (2 * randn(*shape),), None),
-              (2, 3, 5), (1, 1, 7), (4, 9)),
+        SOFTMAX_CASES,
         (("tinyvit.backend", "xp"),),
     ),
     Exercise(

@@ -106,7 +106,7 @@ class Communicator:
                 from None
         self.MPI, self.world = MPI, MPI.COMM_WORLD
         self.rank, self.size = self.world.Get_rank(), self.world.Get_size()
-        local = self.world.Split_type(MPI.COMM_TYPE_SHARED)  # the processes on this machine
+        local = self.world.Split_type(MPI.COMM_TYPE_SHARED)  # the processes sharing my memory
         self.local_rank, self.local_size = local.Get_rank(), local.Get_size()
         if not any(name in os.environ for name in _THREAD_SETTINGS):
             threadpool_limits(max(1, cpu_cores() // self.local_size))
