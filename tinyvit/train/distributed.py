@@ -106,7 +106,7 @@ class Communicator:
                 from None
         self.MPI, self.world = MPI, MPI.COMM_WORLD
         self.rank, self.size = self.world.Get_rank(), self.world.Get_size()
-        local = self.world.Split_type(MPI.COMM_TYPE_SHARED)  # the processes sharing my memory
+        local = self.world.Split_type(MPI.COMM_TYPE_SHARED)  # the processes that share one memory
         self.local_rank, self.local_size = local.Get_rank(), local.Get_size()
         if not any(name in os.environ for name in _THREAD_SETTINGS):
             threadpool_limits(max(1, cpu_cores() // self.local_size))
@@ -148,12 +148,13 @@ class Communicator:
         self.world.Abort(code)
 
 
-def synchronize_batchnorm(model, communicator):
-    """Every BatchNorm2d of ``model`` made a SyncBatchNorm2d over the processes."""
+def synchronize_batchnorm(model, comm):
+    """Every BatchNorm2d of ``model`` made a SyncBatchNorm2d over the processes of
+    ``comm`` (a Communicator)."""
     for _, module in model.named_modules():
         if type(module) is BatchNorm2d:
             module.__class__ = SyncBatchNorm2d
-            module.sum_over_processes = communicator.sum
+            module.sum_over_processes = comm.sum
 
 
 class MPIParallel:
@@ -161,21 +162,22 @@ class MPIParallel:
     worker processes (``parallel.DataParallel``): the trainer and ``evaluate`` run
     either the same way.
 
-        with MPIParallel(model, Communicator()) as parallel:
+        with MPIParallel(model, communicator()) as parallel:
             loss, logits = parallel.gradients(x, targets, seed)  # the batch's gradient
             logits = parallel.forward(x)                         # inference
 
     ``x`` is the whole batch, the same in every process; each computes its rows.
     Inside ``with``, SIGINT and SIGTERM ask every process to stop: the next
-    ``gradients`` or ``forward`` raises KeyboardInterrupt in all of them.
+    ``gradients`` or ``forward`` raises StopRequested (a KeyboardInterrupt) in all
+    of them, and leaving ``with`` waits for all.
     """
 
-    def __init__(self, model, communicator):
-        self.model, self.comm = model, communicator
-        self.rank, self.size = communicator.rank, communicator.size
+    def __init__(self, model, comm):
+        self.model, self.comm = model, comm
+        self.rank, self.size = comm.rank, comm.size
         _, self.grad, _ = model.flat_parameters()
         self.criterion = SoftmaxCrossEntropy()  # targets come as distributions
-        synchronize_batchnorm(model, communicator)
+        synchronize_batchnorm(model, comm)
         self.stop_requested, self._handlers = False, {}
 
     def __enter__(self):
