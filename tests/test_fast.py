@@ -16,7 +16,7 @@ from conftest import jitter, randn
 from tinyvit import backend as B
 from tinyvit import fast
 from tinyvit.fast import cpu
-from tinyvit.nn import conv, layers
+from tinyvit.nn import conv, layers, loss, optim
 
 TOLERANCE = {np.float64: 1e-12, np.float32: 1e-5}
 
@@ -55,8 +55,12 @@ def run(layer, x, dout):
     return [y, dx] + [p.grad for p in layer.parameters()]
 
 
+# the kernels that are not layers (a loss, an optimizer): each has a test of its own below
+NOT_LAYERS = {loss.SoftmaxCrossEntropy, optim.AdamW}
+
+
 def test_every_kernel_has_a_case(backend):
-    assert set(fast.kernels()) <= set(CASES)
+    assert set(fast.kernels()) <= set(CASES) | NOT_LAYERS
 
 
 def kernel_cases():
@@ -80,6 +84,45 @@ def test_fast_kernel_equals_reference(backend, cls, shape, dtype):
         assert rel_err(ours, theirs) <= TOLERANCE[dtype], name
     reference.eval(), kernel.eval()
     assert rel_err(kernel.forward(x), reference.forward(x)) <= TOLERANCE[dtype]
+
+
+def kernel_or_skip(cls, backend):
+    if cls not in fast.kernels():
+        pytest.skip(f"no fast {cls.__name__} on {backend}")
+    return fast.kernels()[cls]
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("target", ["labels", "soft"])
+def test_fast_loss_equals_reference(backend, target, dtype):
+    """Loss and gradient, at dout 1 and at a share of a batch, labels smoothed."""
+    kernel_or_skip(loss.SoftmaxCrossEntropy, backend)
+    z = (3 * randn(7, 10)).astype(dtype)
+    labels = B.xp.asarray([0, 9, 3, 3, 5, 1, 8])
+    t = labels if target == "labels" else B.xp.full((7, 10), 0.1, dtype=dtype)
+    reference = loss.SoftmaxCrossEntropy(0.1)
+    kernel = fast.accelerate(loss.SoftmaxCrossEntropy(0.1))
+    assert type(kernel) is fast.kernels()[loss.SoftmaxCrossEntropy]
+    for dout in (1.0, 0.25):
+        assert rel_err(kernel.forward(z, t), reference.forward(z, t)) <= TOLERANCE[dtype]
+        assert rel_err(kernel.backward(dout), reference.backward(dout)) <= TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_fast_adamw_equals_reference(backend, dtype):
+    """Three steps on the flat buffer of a layer whose weight decays and bias does not."""
+    kernel_or_skip(optim.AdamW, backend)
+    layers_ = [jitter(layers.Linear(7, 5, rng=B.host_rng(0))).astype(dtype) for _ in range(2)]
+    reference = optim.AdamW(layers_[0], lr=0.1, weight_decay=0.05)
+    kernel = fast.accelerate(optim.AdamW(layers_[1], lr=0.1, weight_decay=0.05))
+    for step in range(3):
+        for layer in layers_:
+            layer.weight.grad[...] = randn(5, 7, seed=step).astype(dtype)
+            layer.bias.grad[...] = randn(5, seed=step + 10).astype(dtype)
+        reference.step()
+        kernel.step()
+    for name in ("data", "m", "v"):
+        assert rel_err(getattr(kernel, name), getattr(reference, name)) <= TOLERANCE[dtype]
 
 
 # --------------------------------------------------------------------------- CPU kernels' numerics

@@ -19,6 +19,7 @@ and ``repr`` say which code it runs.
 """
 
 from ..backend import get_backend
+from ..nn.module import Module
 from . import cpu, gpu
 
 KERNELS = {"numpy": cpu.KERNELS, "cupy": gpu.KERNELS}  # backend -> {reference class: kernel}
@@ -34,12 +35,15 @@ def accelerate(model):
     it, in place, and return ``model``. A kernel is a subclass of its layer's class
     with the same attributes, so the swap changes which methods run and nothing
     else: the parameters, their names, the optimizer's view of them stay. Call it
-    on a model built on the active backend, before a forward (caches are dropped)."""
+    on a model built on the active backend, before a forward (caches are dropped).
+    A loss or an optimizer (on a GPU they have kernels too) is swapped the same way."""
     table = kernels()
-    for _, module in model.named_modules():
-        kernel = table.get(type(module))
+    parts = [m for _, m in model.named_modules()] if isinstance(model, Module) else [model]
+    for part in parts:
+        kernel = table.get(type(part))
         if kernel is not None:
-            module.__class__ = kernel
-            module.cache = None
+            part.__class__ = kernel
+            if isinstance(part, Module):
+                part.cache = None
     return model
 

@@ -14,24 +14,26 @@ from .parallel import DataParallel
 class Trainer:
     """Model, loss, optimizer and schedule for one run; ``step`` is one update.
 
-    The model's layers become the fast kernels here (``tinyvit.fast.accelerate``)
-    unless the run asks for the reference tier. As a context manager the trainer
-    also splits each batch of training steps and evaluation over processes: the
-    worker processes of a run with ``workers > 1`` (``parallel.py``), or the
-    processes that mpiexec started (``distributed.py``), of which the first,
-    ``primary``, writes and prints for all. Without ``with``, everything runs in
-    this process.
+    The model's layers, the loss and the optimizer become the fast kernels here
+    (``tinyvit.fast.accelerate``) unless the run asks for the reference tier. As a
+    context manager the trainer also splits each batch of training steps and
+    evaluation over processes: the worker processes of a run with ``workers > 1``
+    (``parallel.py``), or the processes that mpiexec started (``distributed.py``),
+    of which the first, ``primary``, writes and prints for all. Without ``with``,
+    everything runs in this process.
     """
 
     def __init__(self, config, model):
         self.config = config
-        self.model = accelerate(model) if config.tier == "fast" else model
-        self.criterion = SoftmaxCrossEntropy(config.label_smoothing)
+        fast = accelerate if config.tier == "fast" else (lambda part: part)
+        self.model = fast(model)
+        self.criterion = fast(SoftmaxCrossEntropy(config.label_smoothing))
         if config.optimizer == "adamw":
             self.optimizer = AdamW(self.model, config.lr, weight_decay=config.weight_decay)
         else:
             self.optimizer = SGD(self.model, config.lr, momentum=0.9, nesterov=True,
                                  weight_decay=config.weight_decay)
+        self.optimizer = fast(self.optimizer)
         self.num_classes = self.model.config.num_classes
         self.trainable = self.head_mask() if config.freeze_backbone else None
         rank, size = launched()

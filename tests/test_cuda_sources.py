@@ -1,0 +1,254 @@
+"""The GPU kernels without a GPU: every CUDA source compiles, and the host side of
+every GPU kernel class (shapes, dtypes, argument order, launch shapes) is right.
+
+1. NVRTC (the ``cuda-bindings`` and ``nvidia-cuda-nvrtc`` packages, which need no
+   GPU) compiles every file of ``tinyvit/fast/kernels`` for float32 and float64 and
+   for the GPUs targeted, sm_80 (A100) and sm_90 (H100, H200); skipped where those
+   packages are missing. A compile error names the file and the line.
+2. The classes of ``tinyvit/fast/gpu.py`` run on NumPy with every kernel replaced
+   by a NumPy mirror of it (``MIRRORS``, one line of the kernel's math each): each
+   launch is checked against the C signature parsed from its source (pointers to
+   contiguous arrays of the right dtype, C long and int as int64 and int32, T as
+   the arrays' float) and its grid against CUDA's limits, and the classes must
+   give the reference's outputs and gradients. On a GPU, ``tests/test_fast.py``
+   checks the kernels themselves.
+"""
+
+import re
+
+import numpy as np
+import pytest
+
+from conftest import jitter, randn
+from tinyvit import backend as B
+from tinyvit.fast import compile as cuda
+from tinyvit.fast import gpu
+from tinyvit.nn import layers, loss, optim
+from tinyvit.nn.functional import normal_cdf, normal_pdf
+
+ARCHITECTURES = ("sm_80", "sm_90")
+DTYPES = ("float32", "float64")
+TOLERANCE = {"float64": 1e-12, "float32": 1e-5}
+
+
+def signatures(name):
+    """{function: [C parameter types]} of the ``extern "C" __global__`` functions of
+    kernels/<name>.cu."""
+    text = (cuda.KERNELS_DIR / f"{name}.cu").read_text()
+    found = re.findall(r'extern "C" __global__ void (\w+)\(([^)]*)\)', text)
+    return {function: [" ".join(p.split()[:-1]) for p in params.split(",")]
+            for function, params in found}
+
+
+def test_every_file_declares_the_functions_the_classes_launch():
+    for name, functions in cuda.FUNCTIONS.items():
+        assert tuple(signatures(name)) == functions, name
+
+
+# ----------------------------------------------------------------------------- 1. NVRTC
+
+
+def nvrtc_compile(source, filename, architecture):
+    """(succeeded, log) of NVRTC compiling ``source`` for ``architecture``."""
+    nvrtc = pytest.importorskip("cuda.bindings.nvrtc", reason="needs cuda-bindings")
+    _, program = nvrtc.nvrtcCreateProgram(source.encode(), filename.encode(), 0, [], [])
+    options = [f"--gpu-architecture={architecture}".encode(), b"--std=c++14"]
+    (result,) = nvrtc.nvrtcCompileProgram(program, len(options), options)
+    _, size = nvrtc.nvrtcGetProgramLogSize(program)
+    log = b" " * size
+    nvrtc.nvrtcGetProgramLog(program, log)
+    nvrtc.nvrtcDestroyProgram(program)
+    return result == nvrtc.nvrtcResult.NVRTC_SUCCESS, log.decode(errors="replace").strip("\0 \n")
+
+
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", sorted(cuda.FUNCTIONS))
+def test_every_kernel_compiles(name, dtype, architecture):
+    ok, log = nvrtc_compile(cuda.source(name, dtype), f"{name}.cu", architecture)
+    assert ok, f"kernels/{name}.cu for {dtype} on {architecture}:\n{log}"
+
+
+def test_a_compile_error_names_the_file_and_its_line():
+    broken = cuda.source("gelu", "float32").replace("y[i] = v *", "y[i] = w *")
+    ok, log = nvrtc_compile(broken, "gelu.cu", "sm_90")
+    line = next(i for i, text in enumerate((cuda.KERNELS_DIR / "gelu.cu").read_text()
+                                           .splitlines(), 1) if "y[i] = v *" in text)
+    assert not ok and f'gelu.cu({line}): error: identifier "w" is undefined' in log
+
+
+def test_only_float32_and_float64_are_compiled():
+    with pytest.raises(ValueError, match="GPU kernels: expected float32 or float64 arrays, "
+                                         "got float16"):
+        cuda.source("gelu", "float16")
+
+
+# ----------------------------------------------------------------------------- 2. mirrors
+
+
+def gelu_forward(x, y, n):
+    y[...] = x * normal_cdf(x)
+
+
+def gelu_backward(x, dy, dx, n):
+    dx[...] = dy * (normal_cdf(x) + x * normal_pdf(x))
+
+
+def layernorm_forward(x, gamma, beta, y, xhat, rstd, rows, D, eps):
+    x = x.reshape(rows, D)
+    mean = x.mean(axis=1, keepdims=True)
+    r = 1 / np.sqrt(((x - mean) ** 2).mean(axis=1, keepdims=True) + eps)
+    xhat.reshape(rows, D)[...] = (x - mean) * r
+    y.reshape(rows, D)[...] = gamma * xhat.reshape(rows, D) + beta
+    rstd[...] = r[:, 0]
+
+
+def layernorm_backward(dy, xhat, rstd, gamma, dx, rows, D):
+    g, h = dy.reshape(rows, D) * gamma, xhat.reshape(rows, D)
+    dx.reshape(rows, D)[...] = rstd[:, None] * (g - g.mean(axis=1, keepdims=True)
+                                                - h * (g * h).mean(axis=1, keepdims=True))
+
+
+def layernorm_param_grads(dy, xhat, dgamma, dbeta, rows, D):
+    dgamma += (dy.reshape(rows, D) * xhat.reshape(rows, D)).sum(axis=0)
+    dbeta += dy.reshape(rows, D).sum(axis=0)
+
+
+def softmax_forward(S, A, rows, N, scale):
+    s = scale * S.reshape(rows, N)
+    e = np.exp(s - s.max(axis=1, keepdims=True))
+    A.reshape(rows, N)[...] = e / e.sum(axis=1, keepdims=True)
+
+
+def softmax_backward(A, dA, dS, rows, N, scale):
+    a, da = A.reshape(rows, N), dA.reshape(rows, N)
+    dS.reshape(rows, N)[...] = scale * a * (da - (da * a).sum(axis=1, keepdims=True))
+
+
+def cross_entropy_soft(z, t, loss_rows, grad, B, K):
+    lse = np.log(np.exp(z - z.max(axis=1, keepdims=True)).sum(axis=1, keepdims=True)) \
+        + z.max(axis=1, keepdims=True)
+    loss_rows[...] = (t * (lse - z)).sum(axis=1) / B
+    grad[...] = (np.exp(z - lse) - t) / B
+
+
+def cross_entropy_labels(z, labels, smoothing, loss_rows, grad, B, K):
+    t = np.full((B, K), smoothing / K, dtype=z.dtype)
+    t[np.arange(B), labels] += 1 - smoothing
+    cross_entropy_soft(z, t, loss_rows, grad, B, K)
+
+
+def adamw_update(p, g, m, v, decay, n, lr, beta1, beta2, eps, weight_decay, bias1, bias2_sqrt):
+    p -= lr * weight_decay * decay * p
+    m[...] = beta1 * m + (1 - beta1) * g
+    v[...] = beta2 * v + (1 - beta2) * g * g
+    p -= lr / bias1 * m / (np.sqrt(v) / bias2_sqrt + eps)
+
+
+MIRRORS = {f.__name__: f for f in (gelu_forward, gelu_backward, layernorm_forward,
+                                   layernorm_backward, layernorm_param_grads, softmax_forward,
+                                   softmax_backward, cross_entropy_soft, cross_entropy_labels,
+                                   adamw_update)}
+
+
+def check_argument(c_type, value, dtype, where):
+    """``value`` as a launch passes it for a C parameter of type ``c_type``."""
+    t = c_type.replace("const ", "")
+    if t.endswith("*"):
+        element = {"T*": dtype, "long long*": np.dtype(np.int64)}[t]
+        assert isinstance(value, np.ndarray) and value.dtype == element, where
+        assert value.flags.c_contiguous, f"{where}: a kernel ignores strides"
+    else:
+        expected = {"T": dtype.type, "long": np.int64, "int": np.int32}[t]
+        assert type(value) is expected, f"{where}: {type(value).__name__} for C {c_type}"
+
+
+def mirrored_kernel(name, function, dtype):
+    """A stand-in for ``compile.kernel``: checks each launch, then runs the mirror."""
+    parameters = signatures(name)[function]
+
+    def launch(grid, block, args):
+        assert len(args) == len(parameters), f"{function}: {len(args)} arguments"
+        for i, (c_type, value) in enumerate(zip(parameters, args)):
+            check_argument(c_type, value, np.dtype(dtype), f"{function} argument {i}")
+        assert all(g >= 1 for g in grid) and len(grid) <= 3 and grid[1:] <= (65535, 65535)
+        assert np.prod(block) <= 1024 and np.prod(block) % 32 == 0
+        MIRRORS[function](*args)
+
+    return launch
+
+
+@pytest.fixture
+def mirrored(monkeypatch):
+    """NumPy in float64 default, and every kernel launch checked and mirrored."""
+    monkeypatch.setattr(cuda, "kernel", mirrored_kernel)
+    with B.using_backend("numpy"), B.default_dtype("float64"):
+        yield
+
+
+LAYERS = {
+    gpu.GELU: (lambda: layers.GELU(), [(3, 7), (2, 9, 33)]),
+    gpu.LayerNorm: (lambda: layers.LayerNorm(7), [(3, 7), (2, 9, 7), (1, 1, 7)]),
+    gpu.Attention: (lambda: layers.Attention(6, 3, rng=B.host_rng(0)), [(2, 5, 6), (1, 40, 6)]),
+    gpu.ClassAttention: (lambda: layers.ClassAttention(6, 2, rng=B.host_rng(0)),
+                         [(2, 5, 6), (3, 1, 6)]),
+}
+
+
+def rel_err(ours, theirs):
+    return float(np.abs(ours - theirs).max() / max(np.abs(theirs).max(), 1e-300))
+
+
+def training_pass(layer, x, dout):
+    layer.zero_grad()
+    y = layer.forward(x)
+    return [y, layer.backward(dout)] + [p.grad.copy() for p in layer.parameters()]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cls, shape", [(c, s) for c, (_, shapes) in LAYERS.items()
+                                        for s in shapes], ids=str)
+def test_each_gpu_layer_launches_its_kernels_as_declared(mirrored, cls, shape, dtype):
+    make, _ = LAYERS[cls]
+    reference = jitter(make()).astype(dtype)
+    kernel = jitter(make()).astype(dtype)
+    kernel.__class__ = cls
+    x = (2 * randn(*shape)).astype(dtype)
+    dout = randn(*reference.forward(x).shape, seed=1).astype(dtype)
+    for ours, theirs in zip(training_pass(kernel, x, dout), training_pass(reference, x, dout)):
+        assert ours.dtype == dtype and rel_err(ours, theirs) <= TOLERANCE[dtype]
+
+
+def test_layernorm_names_an_input_it_cannot_read(mirrored):
+    norm = layers.LayerNorm(7).astype("float32")
+    norm.__class__ = gpu.LayerNorm
+    with pytest.raises(ValueError, match=r"LayerNorm: the GPU kernel expects input \(\.\.\., 7\) "
+                                         r"of dtype float32, got \(3, 7\) of dtype float64"):
+        norm.forward(randn(3, 7))
+
+
+@pytest.mark.parametrize("target", ["labels", "soft"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_gpu_loss_launches_its_kernel_as_declared(mirrored, target, dtype):
+    z = (3 * randn(6, 5)).astype(dtype)
+    labels = np.array([0, 4, 2, 2, 1, 3])
+    t = labels if target == "labels" else np.full((6, 5), 0.2, dtype=dtype)
+    reference, kernel = loss.SoftmaxCrossEntropy(0.1), loss.SoftmaxCrossEntropy(0.1)
+    kernel.__class__ = gpu.SoftmaxCrossEntropy
+    for dout in (1.0, 0.25):
+        assert rel_err(kernel.forward(z, t), reference.forward(z, t)) <= TOLERANCE[dtype]
+        assert rel_err(kernel.backward(dout), reference.backward(dout)) <= TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_gpu_adamw_launches_its_kernel_as_declared(mirrored, dtype):
+    models = [jitter(layers.LayerNorm(9)).astype(dtype) for _ in range(2)]
+    reference, kernel = (optim.AdamW(m, lr=0.1, weight_decay=0.05) for m in models)
+    kernel.__class__ = gpu.AdamW
+    for step in range(3):
+        for model in models:
+            model.weight.grad[...] = randn(9, seed=step).astype(dtype)
+            model.bias.grad[...] = randn(9, seed=step + 10).astype(dtype)
+        reference.step()
+        kernel.step()
+    assert rel_err(kernel.data, reference.data) <= TOLERANCE[dtype]

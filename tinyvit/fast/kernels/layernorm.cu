@@ -1,0 +1,78 @@
+// LayerNorm over rows of D values (tinyvit.nn.layers.LayerNorm derives the backward), one
+// warp per row. Per row, two passes as tinyvit.nn.functional.standardize takes them:
+//     mean = sum(x) / D,   var = sum((x - mean)^2) / D,   rstd = 1 / sqrt(var + eps)
+//     xhat = (x - mean) rstd,   y = gamma xhat + beta
+// The forward writes y, and for the backward xhat (rows x D) and rstd (rows).
+extern "C" __global__ void layernorm_forward(const T* x, const T* gamma, const T* beta, T* y,
+                                             T* xhat, T* rstd, long rows, int D, T eps) {
+    long row = warp_row();
+    if (row >= rows) return;  // the whole warp: a warp holds one row
+    const T* xr = x + row * D;
+    T sum = 0;
+    for (int j = lane(); j < D; j += 32) sum += xr[j];
+    T mean = warp_sum(sum) / D;
+    T squares = 0;
+    for (int j = lane(); j < D; j += 32) {
+        T c = xr[j] - mean;
+        squares += c * c;
+    }
+    T r = (T)1 / sqrt(warp_sum(squares) / D + eps);
+    for (int j = lane(); j < D; j += 32) {
+        T h = (xr[j] - mean) * r;
+        xhat[row * D + j] = h;
+        y[row * D + j] = gamma[j] * h + beta[j];
+    }
+    if (lane() == 0) rstd[row] = r;
+}
+
+// dx = rstd (g - mean(g) - xhat mean(g xhat)) per row, g = dy gamma
+extern "C" __global__ void layernorm_backward(const T* dy, const T* xhat, const T* rstd,
+                                              const T* gamma, T* dx, long rows, int D) {
+    long row = warp_row();
+    if (row >= rows) return;
+    const T* dyr = dy + row * D;
+    const T* hr = xhat + row * D;
+    T sum_g = 0, sum_gh = 0;
+    for (int j = lane(); j < D; j += 32) {
+        T g = dyr[j] * gamma[j];
+        sum_g += g;
+        sum_gh += g * hr[j];
+    }
+    T mean_g = warp_sum(sum_g) / D, mean_gh = warp_sum(sum_gh) / D;
+    T r = rstd[row];
+    for (int j = lane(); j < D; j += 32)
+        dx[row * D + j] = r * (dyr[j] * gamma[j] - mean_g - hr[j] * mean_gh);
+}
+
+// dgamma += sum over rows of dy xhat,  dbeta += sum over rows of dy: the second reduction,
+// down the columns. A block is 32 columns by 8 rows of threads; its threads walk down the
+// rows 8 * gridDim.y apart (reads along a row stay contiguous across the 32 columns), the 8
+// partial sums of a column meet in shared memory, and each block adds its sum to the
+// gradient atomically (so the order of the additions, and the last bits, vary run to run).
+#define COLUMN_ROWS 8
+
+extern "C" __global__ void layernorm_param_grads(const T* dy, const T* xhat, T* dgamma,
+                                                 T* dbeta, long rows, int D) {
+    __shared__ T part_gamma[COLUMN_ROWS][32], part_beta[COLUMN_ROWS][32];
+    int j = blockIdx.x * 32 + threadIdx.x;
+    T sum_gamma = 0, sum_beta = 0;
+    if (j < D) {
+        for (long r = blockIdx.y * (long)COLUMN_ROWS + threadIdx.y; r < rows;
+             r += (long)COLUMN_ROWS * gridDim.y) {
+            T d = dy[r * D + j];
+            sum_gamma += d * xhat[r * D + j];
+            sum_beta += d;
+        }
+    }
+    part_gamma[threadIdx.y][threadIdx.x] = sum_gamma;
+    part_beta[threadIdx.y][threadIdx.x] = sum_beta;
+    __syncthreads();
+    if (threadIdx.y == 0 && j < D) {
+        for (int k = 1; k < COLUMN_ROWS; k++) {
+            sum_gamma += part_gamma[k][threadIdx.x];
+            sum_beta += part_beta[k][threadIdx.x];
+        }
+        atomicAdd(dgamma + j, sum_gamma);
+        atomicAdd(dbeta + j, sum_beta);
+    }
+}
