@@ -32,7 +32,7 @@ import numpy as np
 
 from machine import blas_threads, torch, torch_sync
 from tinyvit import backend
-from tinyvit.fast import accelerate
+from tinyvit.fast import for_tier
 from tinyvit.models import ViT, ViTConfig
 from tinyvit.nn.loss import SoftmaxCrossEntropy
 from tinyvit.nn.optim import AdamW
@@ -71,11 +71,10 @@ class TinyvitRunner:
 
     def __init__(self, config, images, labels, workers=1, tier="fast"):
         self.tier, self.name = tier, RUNNER_NAMES[tier]
-        self.model = ViT(config, seed=0, dtype=np.float32)
-        if tier == "fast":
-            accelerate(self.model)
+        self.tiered = for_tier(tier)  # as the trainer: model, loss and optimizer
+        self.model = self.tiered(ViT(config, seed=0, dtype=np.float32))
         self.x, self.y = backend.to_device(images), backend.to_device(labels)
-        self.loss_fn = SoftmaxCrossEntropy(label_smoothing=LABEL_SMOOTHING)
+        self.loss_fn = self.tiered(SoftmaxCrossEntropy(label_smoothing=LABEL_SMOOTHING))
         self.optimizer = None
         self.workers, self.parallel = workers, None
 
@@ -90,7 +89,7 @@ class TinyvitRunner:
             self.targets = self.loss_fn.targets(self.y, self.model.config.num_classes, self.x.dtype)
 
     def prepare_training(self):
-        self.optimizer = AdamW(self.model, lr=LR, weight_decay=WEIGHT_DECAY)
+        self.optimizer = self.tiered(AdamW(self.model, lr=LR, weight_decay=WEIGHT_DECAY))
         self.start_workers()
 
     def close(self):

@@ -236,3 +236,11 @@ def test_accelerate_swaps_the_layers_and_computes_the_same(backend, fields):
     for ours, theirs in zip(run(model, x, dlogits), run(reference, x, dlogits), strict=True):
         assert rel_err(ours, theirs) <= 1e-12
 
+
+
+def test_for_tier_gives_accelerate_or_the_part_as_built():
+    assert fast.for_tier("fast") is fast.accelerate
+    part = layers.GELU()
+    assert fast.for_tier("reference")(part) is part and type(part) is layers.GELU
+    with pytest.raises(ValueError, match="tier must be 'fast' or 'reference', got 'quick'"):
+        fast.for_tier("quick")

@@ -3,7 +3,7 @@
 from ..backend import host_rng, quiet_overflow, xp
 from ..backend import rng as device_rng
 from ..data import augment
-from ..fast import accelerate
+from ..fast import for_tier
 from ..nn.loss import SoftmaxCrossEntropy
 from ..nn.optim import SGD, AdamW, clip_grad_norm, grad_norm, warmup_cosine
 from .distributed import MPIParallel, check_launch, communicator, launched
@@ -25,15 +25,15 @@ class Trainer:
 
     def __init__(self, config, model):
         self.config = config
-        fast = accelerate if config.tier == "fast" else (lambda part: part)
-        self.model = fast(model)
-        self.criterion = fast(SoftmaxCrossEntropy(config.label_smoothing))
+        tiered = for_tier(config.tier)
+        self.model = tiered(model)
+        self.criterion = tiered(SoftmaxCrossEntropy(config.label_smoothing))
         if config.optimizer == "adamw":
             self.optimizer = AdamW(self.model, config.lr, weight_decay=config.weight_decay)
         else:
             self.optimizer = SGD(self.model, config.lr, momentum=0.9, nesterov=True,
                                  weight_decay=config.weight_decay)
-        self.optimizer = fast(self.optimizer)
+        self.optimizer = tiered(self.optimizer)
         self.num_classes = self.model.config.num_classes
         self.trainable = self.head_mask() if config.freeze_backbone else None
         rank, size = launched()
