@@ -2,12 +2,16 @@
 
 On a machine with one NVIDIA GPU, CuPy (cupy-cuda13x), PyTorch and pytest, from the
 repository's root (tinyvit need not be installed: every phase runs with this tree on
-PYTHONPATH):
+PYTHONPATH), two commands of at most 9 minutes each, the tests and benchmarks, then the
+training:
 
     python benchmarks/gpu_check.py --out OUT --phases environment gpu-tests fast-tests \\
-        benchmark-128 benchmark-1024                          # the tests, then the benchmarks
+        benchmark-128 benchmark-1024
     python benchmarks/gpu_check.py --out OUT2 --data-dir data --phases environment cifar10
-    python benchmarks/gpu_check.py --out OUT --dry-run        # the same path, on NumPy, here
+
+and where there is no GPU, the same path on NumPy at tiny sizes (CI runs it):
+
+    python benchmarks/gpu_check.py --out OUT --dry-run
 
 The phases, each a child process, in this order (``--phases`` picks some):
 
@@ -159,9 +163,10 @@ def pytest_figures(args, log):
     return figures
 
 
-def benchmark_phase(batch):
-    """benchmark.py at ``batch`` on the GPU (A, B and C), or quick on the CPU at batch /
-    DRY_BATCH_DIVISOR; CUPY_TF32 is unset, and --gpu turns PyTorch's TF32 off."""
+def benchmark(batch):
+    """The command and figures of benchmark.py at ``batch`` on the GPU (configs A, B and
+    C), or quick on the CPU at batch / DRY_BATCH_DIVISOR; CUPY_TF32 is unset, and --gpu
+    turns PyTorch's TF32 off."""
     name = f"benchmark-{batch}"
 
     def command(args, timeout):
@@ -175,7 +180,7 @@ def benchmark_phase(batch):
         path = args.out / f"{name}.json"
         return benchmark_figures(json.loads(path.read_text()), args) if path.is_file() else None
 
-    return Phase(name, 240, command, figures)
+    return command, figures
 
 
 def benchmark_figures(result, args):
@@ -242,23 +247,27 @@ def training_figures(rows):
     and the elapsed seconds (metrics.json's: training and test evaluations) of the first
     evaluated epoch at or above each of THRESHOLDS (None: never)."""
     evaluated = [row for row in rows if row["test_acc"] is not None]
-    later = [row["images_per_s"] for row in rows[1:]]
+    later = [row["images_per_s"] for row in rows[1:]]  # the first epoch compiles CuPy's kernels
     figures = {
         "epochs": len(rows),
         "final_test_acc": rows[-1]["test_acc"],
         "best_test_acc": max((row["test_acc"] for row in evaluated), default=None),
-        "images_per_s": {"first_epoch": rounded(rows[0]["images_per_s"], 0),  # compiles kernels
+        "images_per_s": {"first_epoch": rounded(rows[0]["images_per_s"], 0),
                          "median_after_first": rounded(statistics.median(later), 0)
                          if later else None},
         "elapsed_s": rounded(rows[-1]["elapsed_s"], 1),
-        "reached": {f"{t:.0%}": next(({"epoch": row["epoch"], "elapsed_s": rounded(
-            row["elapsed_s"], 1)} for row in evaluated if row["test_acc"] >= t), None)
-                    for t in THRESHOLDS},
+        "reached": {f"{t:.0%}": first_reaching(evaluated, t) for t in THRESHOLDS},
         "evaluated_epochs": [row["epoch"] for row in evaluated],
     }
     if len(evaluated) < len(rows):
         figures["note"] = evaluation_note(figures["evaluated_epochs"], len(rows))
     return figures
+
+
+def first_reaching(evaluated, accuracy):
+    """The epoch and elapsed seconds of the first row at or above ``accuracy``, or None."""
+    row = next((row for row in evaluated if row["test_acc"] >= accuracy), None)
+    return row and {"epoch": row["epoch"], "elapsed_s": rounded(row["elapsed_s"], 1)}
 
 
 def evaluation_note(epochs, total):
@@ -268,12 +277,15 @@ def evaluation_note(epochs, total):
             f"to {gap - 1} epochs later")
 
 
+# Each phase's seconds: what it takes on an H100, with room to spare (docs/performance.md:
+# the whole suite, NumPy and CuPy, took 163-255 s; benchmark.py starts 12 memory processes).
+# cifar10 needs time for its first epoch, which compiles CuPy's kernels, and a few more.
 PHASES = [
     Phase("environment", 60, environment_command, environment_figures),
-    Phase("gpu-tests", 240, gpu_tests_command, pytest_figures),
+    Phase("gpu-tests", 300, gpu_tests_command, pytest_figures),
     Phase("fast-tests", 90, fast_tests_command, pytest_figures),
-    benchmark_phase(128),
-    benchmark_phase(1024),
+    Phase("benchmark-128", 240, *benchmark(128)),
+    Phase("benchmark-1024", 240, *benchmark(1024)),
     Phase("cifar10", 150, cifar10_command, cifar10_figures, rest=True),
 ]
 
@@ -338,20 +350,21 @@ def run_logged(command, log, timeout):
     with open(log, "w") as out:
         out.write(f"$ {command}\n\n")
         out.flush()
+        start = time.monotonic()
         child = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
                                  start_new_session=True)  # its own group: killed with its children
         try:
             return child.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            out.write(f"\ngpu_check.py: killed after {timeout:.0f} s, the phase's time\n")
             return None
-        finally:
+        finally:  # past its time, or this process interrupted
             if child.poll() is None:
                 os.killpg(child.pid, signal.SIGKILL)
                 child.wait()
+                out.write(f"\ngpu_check.py: killed it after {time.monotonic() - start:.0f} s\n")
 
 
-def machine(records):
+def machine_fields(records):
     """The host, and the GPU and processor that the environment phase found."""
     found = next((r["figures"] for r in records if r["name"] == "environment" and r["figures"]),
                  {})
@@ -367,11 +380,11 @@ def check(args, argv):
     summary = {"date": time.strftime("%Y-%m-%d"), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                "command": shlex.join(["python", "benchmarks/gpu_check.py", *argv]),
                "dry_run": args.dry_run, "budget_s": args.budget, "spent_s": 0.0,
-               "machine": machine([]), "phases": []}
+               "machine": machine_fields([]), "phases": []}
     for phase in (p for p in PHASES if p.name in args.phases):
         record = run_phase(phase, args, args.budget - (time.monotonic() - start))
         summary["phases"].append(record)
-        summary["machine"] = machine(summary["phases"])
+        summary["machine"] = machine_fields(summary["phases"])
         summary["spent_s"] = round(time.monotonic() - start, 1)
         with atomic_write(args.out / "summary.json") as f:
             f.write(json.dumps(summary, indent=1).encode())
@@ -529,7 +542,7 @@ def split_cifar(data_dir, parts_dir, part_mib):
     print(f"wrote {len(parts)} parts of {folder} ({total / 2**20:.1f} MiB in {len(files)} files) "
           f"and manifest.json to {parts_dir}:")
     for part in parts:
-        print(f"  {part['name']}  {part['bytes'] / 2**20:.1f} MiB")
+        print(f"  {part['name']}  {part['bytes']:,} bytes")
 
 
 def checked_parts(parts_dir):
@@ -590,7 +603,7 @@ def parse_args(argv):
     p.add_argument("--budget", type=float, default=540, help="seconds for all the phases")
     p.add_argument("--phases", nargs="+", choices=[phase.name for phase in PHASES],
                    default=[phase.name for phase in PHASES],
-                   help="the phases to run (always in the order above)")
+                   help="the phases to run, always in the order listed")
     p.add_argument("--part-mib", type=float, default=PART_MIB,
                    help="the most MiB of a part for --split-cifar")
     args = p.parse_args(argv)
