@@ -2,12 +2,12 @@
 
 On a machine with one NVIDIA GPU, CuPy (cupy-cuda13x), PyTorch and pytest, from the
 repository's root (tinyvit need not be installed: every phase runs with this tree on
-PYTHONPATH), two commands of at most 9 minutes each, the tests and benchmarks, then the
-training:
+PYTHONPATH), three commands of at most 9 minutes each (the phases' allowances below add
+up to that): the tests and the launch counts, the benchmarks, the training:
 
-    python benchmarks/gpu_check.py --out OUT --phases environment gpu-tests fast-tests \\
-        benchmark-128 benchmark-1024
-    python benchmarks/gpu_check.py --out OUT2 --data-dir data --phases environment cifar10
+    python benchmarks/gpu_check.py --out OUT --phases environment gpu-tests fast-tests launches
+    python benchmarks/gpu_check.py --out OUT2 --phases environment benchmark-128 benchmark-1024
+    python benchmarks/gpu_check.py --out OUT3 --data-dir data --phases environment cifar10
 
 and where there is no GPU, the same path on NumPy at tiny sizes (CI runs it):
 
@@ -19,6 +19,8 @@ The phases, each a child process, in this order (``--phases`` picks some):
     gpu-tests       python -m pytest -q -x -m gpu: every test of the suite run on CuPy
     fast-tests      python -m pytest -q -x tests/test_fast.py: each fast kernel against
                     its reference layer, on NumPy and CuPy
+    launches        benchmarks/launches.py: kernel launches per training step, the
+                    reference tier against the fast tier (configs A, B, C at batch 128)
     benchmark-128   benchmarks/benchmark.py --gpu --configs A,B,C --batch 128 (TF32 off
     benchmark-1024  in both frameworks) and the same at batch 1024
     cifar10         CUPY_TF32=1 python train_mnist.py --recipe cifar10-gpu --budget MINUTES,
@@ -35,10 +37,10 @@ batches 8 and 64, and one epoch of MNIST on 512 images from ``--data-dir``.
 What it writes in OUT: ``summary.json`` (rewritten after each phase: the date, the
 machine, and per phase its command, status ok, failed or skipped with the reason,
 seconds and the figures read from its output), ``PHASE.log`` per phase that ran (its
-command, then its stdout and stderr), ``environment.json``, ``benchmark-128.json`` and
-``benchmark-1024.json`` (benchmark.py's own JSON), and ``cifar10/`` (train_mnist.py's
-metrics.json, curves, confusion matrix and checkpoints). It prints a line per phase as
-it ends.
+command, then its stdout and stderr), ``environment.json``, ``launches.json``,
+``benchmark-128.json`` and ``benchmark-1024.json`` (benchmark.py's own JSON), and
+``cifar10/`` (train_mnist.py's metrics.json, curves, confusion matrix and checkpoints).
+It prints a line per phase as it ends.
 
 CIFAR-10's binary files are 177 MB. Where a copy to the GPU machine holds at most 64 MiB
 (the repository is about 1 MB), they travel in parts of at most 59 MiB, each with its
@@ -146,6 +148,16 @@ def fast_tests_command(args, timeout):
 
 PYTEST_COUNT = re.compile(r"(\d+) (passed|failed|skipped|deselected|xfailed|xpassed|errors?)\b")
 PYTEST_SECONDS = re.compile(r" in ([\d.]+)s\b")
+
+
+def launches_command(args, timeout):
+    return Command(["python", "benchmarks/launches.py", "--json", str(args.out / "launches.json")]
+                   + (["--dry-run"] if args.dry_run else []))
+
+
+def launches_figures(args, log):
+    path = args.out / "launches.json"
+    return json.loads(path.read_text()) if path.is_file() else None
 
 
 def pytest_figures(args, log):
@@ -284,6 +296,7 @@ PHASES = [
     Phase("environment", 60, environment_command, environment_figures),
     Phase("gpu-tests", 300, gpu_tests_command, pytest_figures),
     Phase("fast-tests", 90, fast_tests_command, pytest_figures),
+    Phase("launches", 60, launches_command, launches_figures),
     Phase("benchmark-128", 240, *benchmark(128)),
     Phase("benchmark-1024", 240, *benchmark(1024)),
     Phase("cifar10", 150, cifar10_command, cifar10_figures, rest=True),

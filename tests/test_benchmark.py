@@ -265,3 +265,11 @@ def test_scaling_takes_the_median_of_each_figure_over_runs(scaling):
             for t in (30.0, 10.0, 20.0)]
     assert scaling.median_run(runs) == {"processes": 1,
                                         "recipes": {"mnist": {"batch": 128, "step_ms": 20.0}}}
+
+
+def test_launches_sorts_the_profilers_cuda_events_by_name(bench):
+    launches = load_script(SCRIPT.with_name("launches.py"))
+    assert [launches.kind(name) for name in ("Memcpy HtoD (Pageable -> Device)",
+                                             "Memset (Device)", "gelu_forward",
+                                             "sm90_xmma_gemm_f32f32_tf32f32_f32_nn_n")] == [
+        "memcpy", "memset", "kernel", "kernel"]

@@ -18,8 +18,8 @@ from tinyvit import backend as B
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
-PHASE_NAMES = ["environment", "gpu-tests", "fast-tests", "benchmark-128", "benchmark-1024",
-               "cifar10"]
+PHASE_NAMES = ["environment", "gpu-tests", "fast-tests", "launches", "benchmark-128",
+               "benchmark-1024", "cifar10"]
 RECORD_KEYS = {"name", "command", "status", "reason", "exit_status", "seconds", "timeout_s",
                "log", "figures"}
 CIFAR_BATCHES = [f"data_batch_{i}.bin" for i in range(1, 6)] + ["test_batch.bin"]
@@ -65,7 +65,8 @@ def test_the_dry_run_writes_its_files_and_summary(dry_run):
     result, out = dry_run
     assert result.returncode == 0, result.stdout + result.stderr
     has_mnist = (REAL_DATA / "mnist").is_dir()
-    expected = {"summary.json", "environment.json", "benchmark-128.json", "benchmark-1024.json"}
+    expected = {"summary.json", "environment.json", "launches.json", "benchmark-128.json",
+                "benchmark-1024.json"}
     expected |= {f"{name}.log" for name in PHASE_NAMES if has_mnist or name != "cifar10"}
     if has_mnist:
         expected |= {f"cifar10/{name}" for name in ("metrics.json", "curves.png",
@@ -103,6 +104,9 @@ def test_the_dry_run_reads_each_phases_figures(dry_run):
     # without a GPU the gpu tests are collected and skipped; test_fast.py's NumPy half runs
     assert figures["gpu-tests"]["skipped"] > 0 and figures["gpu-tests"]["passed"] == 0
     assert figures["fast-tests"]["passed"] > 0 and figures["fast-tests"]["failed"] == 0
+    # the steps are taken on NumPy, and nothing is counted without a GPU
+    assert figures["launches"] == {"batch": 8, "steps": 5, "backend": "numpy",
+                                   "configs": {"A": {"reference": None, "fast": None}}}
     for name, batch in (("benchmark-128", 8), ("benchmark-1024", 64)):
         config = figures[name]["configs"]["A"]
         assert config["batch"] == batch and config["tinyvit"]["train_ms"] > 0
@@ -125,6 +129,7 @@ def test_the_gpu_run_gives_the_documented_commands(gpu_check, tmp_path):
         "environment": f"python benchmarks/gpu_check.py --environment {out}/environment.json",
         "gpu-tests": "python -m pytest -q -x -m gpu",
         "fast-tests": "python -m pytest -q -x tests/test_fast.py",
+        "launches": f"python benchmarks/launches.py --json {out}/launches.json",
         "benchmark-128": f"{unset} python benchmarks/benchmark.py --gpu --configs A,B,C "
                          f"--batch 128 --json {out}/benchmark-128.json",
         "benchmark-1024": f"{unset} python benchmarks/benchmark.py --gpu --configs A,B,C "
