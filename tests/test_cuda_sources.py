@@ -55,7 +55,7 @@ def nvrtc_compile(source, filename, architecture):
     options = [f"--gpu-architecture={architecture}".encode(), b"--std=c++14"]
     (result,) = nvrtc.nvrtcCompileProgram(program, len(options), options)
     _, size = nvrtc.nvrtcGetProgramLogSize(program)
-    log = b" " * size
+    log = bytearray(size)  # NVRTC writes into it (never into bytes: b" " * 1 is Python's own b" ")
     nvrtc.nvrtcGetProgramLog(program, log)
     nvrtc.nvrtcDestroyProgram(program)
     return result == nvrtc.nvrtcResult.NVRTC_SUCCESS, log.decode(errors="replace").strip("\0 \n")
