@@ -8,13 +8,15 @@ layers) or with the fast kernels of the active backend; ``stripes`` writes a sma
 synthetic dataset in MNIST's official file layout.
 
 Helpers, imported by the test files with ``from conftest import ...``: random
-arrays and parameter jitter (from ``tinyvit.gradcheck``), IDX files, the synthetic
-stripes and a tiny training config.
+arrays and parameter jitter (from ``tinyvit.gradcheck``), the official dataset
+files' folder (``REAL_DATA``), a script loaded as a module, IDX files, the
+synthetic stripes and a tiny training config.
 """
 
 import dataclasses
 import gzip
 import hashlib
+import importlib.util
 import os
 import struct
 from pathlib import Path
@@ -66,6 +68,14 @@ def tier(request):
 # the official dataset files: $TINYVIT_DATA, else shared/data beside the repository
 REAL_DATA = Path(os.environ.get("TINYVIT_DATA")
                  or Path(__file__).resolve().parents[2] / "shared" / "data")
+
+
+def load_script(path):
+    """A script (benchmarks/*.py, train_mnist.py) loaded as a module, by its path."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def sha256(path):

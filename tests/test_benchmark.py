@@ -2,7 +2,7 @@
 not a timed test, so only its output's shape is checked, never its figures; and
 its interleaving leaves each turn's first steps untimed."""
 
-import importlib.util
+import importlib
 import json
 import subprocess
 import sys
@@ -10,16 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from conftest import load_script
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "benchmark.py"
 PROFILE = SCRIPT.with_name("layer_profile.py")
-
-
-def load_script(path):
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@ run end to end, the commands its GPU run would give, the budget that skips a pha
 not fit and kills one that runs past its time, the figures read from pytest and metrics.json,
 and CIFAR-10's files split into parts and joined back, a corrupted part refused."""
 
-import importlib.util
 import json
 import math
 import subprocess
@@ -13,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import REAL_DATA
+from conftest import REAL_DATA, load_script
 from tinyvit import backend as B
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,13 +22,6 @@ PHASE_NAMES = ["environment", "gpu-tests", "fast-tests", "launches", "benchmark-
 RECORD_KEYS = {"name", "command", "status", "reason", "exit_status", "seconds", "timeout_s",
                "log", "figures"}
 CIFAR_BATCHES = [f"data_batch_{i}.bin" for i in range(1, 6)] + ["test_batch.bin"]
-
-
-def load_script(path):
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
