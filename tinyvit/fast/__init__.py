@@ -9,13 +9,14 @@ keeps ``train_gpt2.c`` as the reference of its CUDA kernels:
 - the reference tier (``tinyvit/nn/``): each layer in its plainest correct form,
   the math as it is derived. Building a layer builds exactly that class.
 - the fast tier: for some layers, a subclass per backend that overrides the
-  methods holding the work with faster code (``cpu.py`` for NumPy, ``gpu.py`` for
-  CuPy) and keeps the layer's contract, parameters and names. Every kernel is
-  tested equal to its reference (``tests/test_fast.py``).
+  methods holding the work with faster code (``cpu.py`` for NumPy; ``gpu.py`` for
+  CuPy, with the CUDA C of ``kernels/``, which ``compile.py`` compiles) and keeps
+  the layer's contract, parameters and names; on a GPU the loss and AdamW too.
+  Every kernel is tested equal to its reference (``tests/test_fast.py``).
 
 ``accelerate`` is the one place where a model's layers become fast kernels: the
-trainer calls it (unless asked for the reference layers), and a layer's ``tier``
-and ``repr`` say which code it runs.
+trainer calls it (unless asked for the reference layers; ``for_tier`` gives it or
+nothing), and a layer's ``tier`` and ``repr`` say which code it runs.
 """
 
 from ..backend import get_backend
