@@ -25,6 +25,7 @@ gradient in 2 (N - 1) messages), for links of 10, 25 and 100 Gbit/s.
 
 import argparse
 import dataclasses
+import functools
 import json
 import statistics
 import sys
@@ -86,7 +87,9 @@ def allreduce_ms(parameters, repeats=30):
     return statistics.median(times[3:])
 
 
+@functools.cache
 def parameters_of(name):
+    """A recipe's parameter count (its model built once)."""
     return build_model(recipe_config(name))[0].num_parameters()
 
 

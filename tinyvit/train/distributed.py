@@ -174,7 +174,6 @@ class MPIParallel:
 
     def __init__(self, model, comm):
         self.model, self.comm = model, comm
-        self.rank, self.size = comm.rank, comm.size
         _, self.grad, _ = model.flat_parameters()
         self.criterion = SoftmaxCrossEntropy()  # targets come as distributions
         synchronize_batchnorm(model, comm)
@@ -195,10 +194,10 @@ class MPIParallel:
         self.stop_requested = True
 
     def _rows(self, n):
-        if n < self.size:
-            raise ValueError(f"a batch of {n} images cannot be split over {self.size} "
+        if n < self.comm.size:
+            raise ValueError(f"a batch of {n} images cannot be split over {self.comm.size} "
                              "processes: each needs at least one")
-        return rows(n, self.rank, self.size)
+        return rows(n, self.comm.rank, self.comm.size)
 
     def gradients(self, x, targets, seed=0):
         """Loss (mean over the batch) and logits of ``x`` (B, C, H, W) against
@@ -208,7 +207,7 @@ class MPIParallel:
         lo, hi = self._rows(n)
         share = (hi - lo) / n
         loss, logits = loss_and_gradients(self.model, self.criterion, x[lo:hi], targets[lo:hi],
-                                          share_seed(seed, self.rank), share)
+                                          share_seed(seed, self.comm.rank), share)
         self.comm.sum(self.grad)
         loss, stops = self.comm.sum(np.array([float(loss) * share, self.stop_requested]))
         self._stop_if(stops)

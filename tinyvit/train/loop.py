@@ -56,13 +56,14 @@ def fit(config, resume=None, stop_after_steps=None):
     call (for tests).
     """
     started = time.perf_counter()
+    _, processes = launched()  # more than 1 under mpiexec
     if resume is not None:
         model_state, optim_state, meta = load_checkpoint(resume)
         config = TrainConfig(**meta["config"])
-        if launched()[1] > 1:  # mpiexec's processes share each batch, whatever ran it before
+        if processes > 1:  # mpiexec's processes share each batch, whatever ran it before
             config = dataclasses.replace(config, workers=1)
     set_backend(config.backend)
-    if launched()[1] > 1 and not on_cpu():
+    if processes > 1 and not on_cpu():
         communicator().use_local_gpu()
     train_batches, test_batches = make_batches(config, "train"), make_batches(config, "test")
     if resume is None:
