@@ -37,7 +37,9 @@ def fill_all(folder):
 
 
 def pytest_in(folder, *args):
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", *args], cwd=folder,
+    """pytest run in ``folder``, without its short summary: those lines, cut to the
+    terminal's width, would repeat a varying share of the messages the tests count."""
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-rN", *args], cwd=folder,
                           capture_output=True, text=True, timeout=600)
 
 
