@@ -20,11 +20,12 @@ import numpy as np
 import pytest
 
 from conftest import jitter, randn
+from cuda_mirrors import MIRRORS
 from tinyvit import backend as B
 from tinyvit.fast import compile as cuda
 from tinyvit.fast import gpu
+from tinyvit.models import ViT
 from tinyvit.nn import layers, loss, optim
-from tinyvit.nn.functional import normal_cdf, normal_pdf
 
 ARCHITECTURES = ("sm_80", "sm_90")
 DTYPES = ("float32", "float64")
@@ -70,10 +71,10 @@ def test_every_kernel_compiles(name, dtype, architecture):
 
 
 def test_a_compile_error_names_the_file_and_its_line():
-    broken = cuda.source("gelu", "float32").replace("y[i] = v *", "y[i] = w *")
+    broken = cuda.source("gelu", "float32").replace("y[i] = gelu(x[i])", "y[i] = gelu(w[i])")
     ok, log = nvrtc_compile(broken, "gelu.cu", "sm_90")
     line = next(i for i, text in enumerate((cuda.KERNELS_DIR / "gelu.cu").read_text()
-                                           .splitlines(), 1) if "y[i] = v *" in text)
+                                           .splitlines(), 1) if "y[i] = gelu(x[i])" in text)
     assert not ok and f'gelu.cu({line}): error: identifier "w" is undefined' in log
 
 
@@ -86,71 +87,6 @@ def test_only_float32_and_float64_are_compiled():
 # ----------------------------------------------------------------------------- 2. mirrors
 
 
-def gelu_forward(x, y, n):
-    y[...] = x * normal_cdf(x)
-
-
-def gelu_backward(x, dy, dx, n):
-    dx[...] = dy * (normal_cdf(x) + x * normal_pdf(x))
-
-
-def layernorm_forward(x, gamma, beta, y, xhat, rstd, rows, D, eps):
-    x = x.reshape(rows, D)
-    mean = x.mean(axis=1, keepdims=True)
-    r = 1 / np.sqrt(((x - mean) ** 2).mean(axis=1, keepdims=True) + eps)
-    xhat.reshape(rows, D)[...] = (x - mean) * r
-    y.reshape(rows, D)[...] = gamma * xhat.reshape(rows, D) + beta
-    rstd[...] = r[:, 0]
-
-
-def layernorm_backward(dy, xhat, rstd, gamma, dx, rows, D):
-    g, h = dy.reshape(rows, D) * gamma, xhat.reshape(rows, D)
-    dx.reshape(rows, D)[...] = rstd[:, None] * (g - g.mean(axis=1, keepdims=True)
-                                                - h * (g * h).mean(axis=1, keepdims=True))
-
-
-def layernorm_param_grads(dy, xhat, dgamma, dbeta, rows, D):
-    dgamma += (dy.reshape(rows, D) * xhat.reshape(rows, D)).sum(axis=0)
-    dbeta += dy.reshape(rows, D).sum(axis=0)
-
-
-def softmax_forward(S, A, rows, N, scale):
-    s = scale * S.reshape(rows, N)
-    e = np.exp(s - s.max(axis=1, keepdims=True))
-    A.reshape(rows, N)[...] = e / e.sum(axis=1, keepdims=True)
-
-
-def softmax_backward(A, dA, dS, rows, N, scale):
-    a, da = A.reshape(rows, N), dA.reshape(rows, N)
-    dS.reshape(rows, N)[...] = scale * a * (da - (da * a).sum(axis=1, keepdims=True))
-
-
-def cross_entropy_soft(z, t, loss_rows, grad, B, K):
-    lse = np.log(np.exp(z - z.max(axis=1, keepdims=True)).sum(axis=1, keepdims=True)) \
-        + z.max(axis=1, keepdims=True)
-    loss_rows[...] = (t * (lse - z)).sum(axis=1) / B
-    grad[...] = (np.exp(z - lse) - t) / B
-
-
-def cross_entropy_labels(z, labels, smoothing, loss_rows, grad, B, K):
-    t = np.full((B, K), smoothing / K, dtype=z.dtype)
-    t[np.arange(B), labels] += 1 - smoothing
-    cross_entropy_soft(z, t, loss_rows, grad, B, K)
-
-
-def adamw_update(p, g, m, v, decay, n, lr, beta1, beta2, eps, weight_decay, bias1, bias2_sqrt):
-    p -= lr * weight_decay * decay * p
-    m[...] = beta1 * m + (1 - beta1) * g
-    v[...] = beta2 * v + (1 - beta2) * g * g
-    p -= lr / bias1 * m / (np.sqrt(v) / bias2_sqrt + eps)
-
-
-MIRRORS = {f.__name__: f for f in (gelu_forward, gelu_backward, layernorm_forward,
-                                   layernorm_backward, layernorm_param_grads, softmax_forward,
-                                   softmax_backward, cross_entropy_soft, cross_entropy_labels,
-                                   adamw_update)}
-
-
 def check_argument(c_type, value, dtype, where):
     """``value`` as a launch passes it for a C parameter of type ``c_type``."""
     t = c_type.replace("const ", "")
@@ -159,7 +95,8 @@ def check_argument(c_type, value, dtype, where):
         assert isinstance(value, np.ndarray) and value.dtype == element, where
         assert value.flags.c_contiguous, f"{where}: a kernel ignores strides"
     else:
-        expected = {"T": dtype.type, "long": np.int64, "int": np.int32}[t]
+        expected = {"T": dtype.type, "long": np.int64, "int": np.int32,
+                    "unsigned long long": np.uint64, "double": np.float64}[t]
         assert type(value) is expected, f"{where}: {type(value).__name__} for C {c_type}"
 
 
@@ -188,7 +125,9 @@ def mirrored(monkeypatch):
 
 LAYERS = {
     gpu.GELU: (lambda: layers.GELU(), [(3, 7), (2, 9, 33)]),
+    gpu.MLP: (lambda: layers.MLP(6, 10, rng=B.host_rng(0)), [(3, 6), (2, 9, 6), (1, 1, 6)]),
     gpu.LayerNorm: (lambda: layers.LayerNorm(7), [(3, 7), (2, 9, 7), (1, 1, 7)]),
+    gpu.Block: (lambda: layers.Block(6, 2, rng=B.host_rng(0)), [(2, 5, 6), (1, 17, 6)]),
     gpu.Attention: (lambda: layers.Attention(6, 3, rng=B.host_rng(0)), [(2, 5, 6), (1, 40, 6)]),
     gpu.ClassAttention: (lambda: layers.ClassAttention(6, 2, rng=B.host_rng(0)),
                          [(2, 5, 6), (3, 1, 6)]),
@@ -212,7 +151,9 @@ def test_each_gpu_layer_launches_its_kernels_as_declared(mirrored, cls, shape, d
     make, _ = LAYERS[cls]
     reference = jitter(make()).astype(dtype)
     kernel = jitter(make()).astype(dtype)
-    kernel.__class__ = cls
+    for _, part in kernel.named_modules():  # as accelerate would on a GPU
+        part.__class__ = gpu.KERNELS.get(type(part), type(part))
+    assert type(kernel) is cls
     x = (2 * randn(*shape)).astype(dtype)
     dout = randn(*reference.forward(x).shape, seed=1).astype(dtype)
     for ours, theirs in zip(training_pass(kernel, x, dout), training_pass(reference, x, dout)):
@@ -240,6 +181,17 @@ def test_the_gpu_loss_launches_its_kernel_as_declared(mirrored, target, dtype):
         assert rel_err(kernel.backward(dout), reference.backward(dout)) <= TOLERANCE[dtype]
 
 
+def test_the_gpu_loss_gives_nan_for_a_label_out_of_range_and_reads_none(mirrored, monkeypatch):
+    def unread(*args):
+        raise AssertionError("the GPU loss read the labels")
+    monkeypatch.setattr(loss.SoftmaxCrossEntropy, "check_labels", unread)
+    kernel = loss.SoftmaxCrossEntropy(0.1)
+    kernel.__class__ = gpu.SoftmaxCrossEntropy
+    kernel.forward(randn(3, 5), np.array([0, 5, 2]))
+    grad = kernel.backward()
+    assert np.isnan(grad[1]).all() and np.isfinite(grad[[0, 2]]).all()
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_the_gpu_adamw_launches_its_kernel_as_declared(mirrored, dtype):
     models = [jitter(layers.LayerNorm(9)).astype(dtype) for _ in range(2)]
@@ -252,3 +204,44 @@ def test_the_gpu_adamw_launches_its_kernel_as_declared(mirrored, dtype):
         reference.step()
         kernel.step()
     assert rel_err(kernel.data, reference.data) <= TOLERANCE[dtype]
+
+
+def gpu_dropout(p, seed=0):
+    layer = layers.Dropout(p, rng=B.host_rng(seed))
+    layer.__class__ = gpu.Dropout
+    return layer
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_gpu_dropout_draws_a_mask_and_its_backward_draws_it_again(mirrored, dtype):
+    """Kept values scaled by 1/(1-p), about 1-p of them; the backward scales the
+    same entries; the next forward draws a new mask; eval mode is the identity."""
+    layer, x = gpu_dropout(0.3), randn(20, 501).astype(dtype) + 3  # no zero in x
+    y = layer.forward(x)
+    kept = y != 0
+    assert abs(kept.mean() - 0.7) < 0.02  # 10,020 draws: 0.02 is 4.4 standard deviations
+    scale = np.dtype(dtype).type(1 / 0.7)
+    assert np.array_equal(y[kept], x[kept] * scale)
+    dout = randn(20, 501, seed=1).astype(dtype)
+    assert np.array_equal(layer.backward(dout), np.where(kept, dout * scale, 0))
+    assert not np.array_equal(layer.forward(x) != 0, kept)
+    layer.eval()
+    assert layer.forward(x) is x and layer.backward(dout) is dout
+
+
+def test_the_gpu_dropout_mask_is_the_key_s_alone(mirrored):
+    """Two layers seeded alike draw the same masks, whatever their inputs."""
+    a, b = gpu_dropout(0.5, seed=7), gpu_dropout(0.5, seed=7)
+    assert np.array_equal(a.forward(randn(9, 13)) != 0, b.forward(randn(9, 13, seed=2)) != 0)
+
+
+def test_seed_dropout_gives_each_kind_of_dropout_its_generator(mirrored):
+    """The GPU dropouts share one host generator, the reference ones another."""
+    model = ViT(image_size=8, patch_size=4, in_channels=1, num_classes=3, embed_dim=8, depth=2,
+                num_heads=2, dropout=0.1)
+    dropouts = [m for _, m in model.named_modules() if isinstance(m, layers.Dropout) and m.p > 0]
+    for m in dropouts[::2]:
+        m.__class__ = gpu.Dropout
+    model.seed_dropout(3)
+    ours, theirs = {id(m.rng) for m in dropouts[::2]}, {id(m.rng) for m in dropouts[1::2]}
+    assert len(ours) == len(theirs) == 1 and ours != theirs

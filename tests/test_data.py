@@ -620,6 +620,10 @@ def test_batches_check_their_inputs():
         Batches(images, labels, 4, mean=(0.5,), std=(0.5,))
     with pytest.raises(ValueError, match="10 images but labels have shape \\(9,\\)"):
         Batches(images, labels[:9], 4, mean=MEAN, std=STD)
+    assert len(Batches(images, labels, 4, mean=MEAN, std=STD, num_classes=labels.max() + 1)) == 3
+    with pytest.raises(ValueError, match=f"labels must be in \\[0, 2\\] for 3 classes, got "
+                                         f"labels in \\[0, {labels.max()}\\]"):
+        Batches(images, labels, 4, mean=MEAN, std=STD, num_classes=3)
 
 
 # --------------------------------------------------------------------------- real data

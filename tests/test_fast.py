@@ -13,6 +13,7 @@ import pytest
 
 import tinyvit
 from conftest import jitter, randn
+from cuda_mirrors import dropout_apply
 from tinyvit import backend as B
 from tinyvit import fast
 from tinyvit.fast import cpu
@@ -25,6 +26,8 @@ CASES = {
     layers.Linear: (lambda: layers.Linear(7, 5, rng=B.host_rng(0)), [(3, 7), (2, 9, 7), (1, 7)]),
     layers.LayerNorm: (lambda: layers.LayerNorm(7), [(3, 7), (2, 9, 7), (1, 1, 7)]),
     layers.GELU: (lambda: layers.GELU(), [(3, 7), (2, 9, 33), (5, 300, 301)]),
+    layers.MLP: (lambda: layers.MLP(6, 10, rng=B.host_rng(0)), [(3, 6), (2, 9, 6), (1, 1, 6)]),
+    layers.Block: (lambda: layers.Block(6, 2, rng=B.host_rng(0)), [(2, 5, 6), (1, 17, 6)]),
     layers.Attention: (lambda: layers.Attention(6, 3, rng=B.host_rng(0)),
                        [(2, 5, 6), (1, 17, 6), (3, 1, 6)]),
     layers.ClassAttention: (lambda: layers.ClassAttention(6, 2, rng=B.host_rng(0)),
@@ -55,12 +58,12 @@ def run(layer, x, dout):
     return [y, dx] + [p.grad for p in layer.parameters()]
 
 
-# the kernels that are not layers (a loss, an optimizer): each has a test of its own below
-NOT_LAYERS = {loss.SoftmaxCrossEntropy, optim.AdamW}
+# the kernels with a test of their own below: a loss, an optimizer, dropout's random masks
+OWN_TESTS = {loss.SoftmaxCrossEntropy, optim.AdamW, layers.Dropout}
 
 
 def test_every_kernel_has_a_case(backend):
-    assert set(fast.kernels()) <= set(CASES) | NOT_LAYERS
+    assert set(fast.kernels()) <= set(CASES) | OWN_TESTS
 
 
 def kernel_cases():
@@ -123,6 +126,20 @@ def test_fast_adamw_equals_reference(backend, dtype):
         kernel.step()
     for name in ("data", "m", "v"):
         assert rel_err(getattr(kernel, name), getattr(reference, name)) <= TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_fast_dropout_draws_the_mask_of_its_numpy_mirror(backend, dtype):
+    """The kernel's mask is the one the NumPy mirror of its generator draws from the
+    same key, forward and backward."""
+    kernel_or_skip(layers.Dropout, backend)
+    layer = fast.accelerate(layers.Dropout(0.3, rng=B.host_rng(0)))
+    x, dout = randn(7, 301).astype(dtype), randn(7, 301, seed=1).astype(dtype)
+    y = layer.forward(x)
+    key, expected = layer.cache, np.empty(x.shape, dtype=dtype)
+    for ours, theirs in ((y, B.to_host(x)), (layer.backward(dout), B.to_host(dout))):
+        dropout_apply(theirs, expected, x.size, key, 0.3, dtype(1 / 0.7))
+        assert rel_err(ours, expected) <= TOLERANCE[dtype]
 
 
 # --------------------------------------------------------------------------- CPU kernels' numerics

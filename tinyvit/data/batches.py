@@ -13,17 +13,20 @@ from ..nn.resample import resize_images
 
 def normalize(x, mean, std):
     """(x - mean) / std per channel, the input the models see: x (B, C, H, W) floats
-    in [0, 1] on the active backend; mean, std C values each (``dataset_info``)."""
-    shape = (1, len(mean), 1, 1)
-    mean = to_device(np.asarray(mean).reshape(shape), dtype=x.dtype)
-    std = to_device(np.asarray(std).reshape(shape), dtype=x.dtype)
+    in [0, 1] on the active backend; mean, std C values each (``dataset_info``), or
+    arrays (1, C, 1, 1) of x's dtype already on the device."""
+    shape = (1, x.shape[1], 1, 1)
+    mean = to_device(mean, dtype=x.dtype).reshape(shape)
+    std = to_device(std, dtype=x.dtype).reshape(shape)
     return (x - mean) / std
 
 
 class Batches:
     """Normalized mini-batches on the active backend, reproducible per (seed, epoch).
 
-    The uint8 images and int64 labels move to the device once. For epoch ``e``
+    The uint8 images and int64 labels move to the device once, and so do the
+    mean and std: a batch is made without a transfer from the host, nor a read
+    from the device. For epoch ``e``
     the order is ``backend.host_rng((seed, e)).permutation(N)`` when
     ``shuffle``, else 0..N-1, so it depends on nothing but ``(seed, e)``: resuming
     at batch ``start`` gives exactly the batches a full epoch would have given.
@@ -44,10 +47,12 @@ class Batches:
         seed: with the epoch, seeds the order and the augmentation.
         augment: ``f(x, rng) -> x`` on (B, C, H, W) floats in [0, 1], or None.
         image_size: the side the images are resized to (None: as they are).
+        num_classes: when given, the labels are checked to be in [0, num_classes)
+            here, once (the GPU loss does not read them to check them).
     """
 
     def __init__(self, images, labels, batch_size, *, mean, std, shuffle=False,
-                 drop_last=False, seed=0, augment=None, image_size=None):
+                 drop_last=False, seed=0, augment=None, image_size=None, num_classes=None):
         if images.ndim != 4 or images.dtype != np.uint8:
             raise ValueError(
                 f"images should be (N, C, H, W) uint8, got {images.shape} {images.dtype}"
@@ -62,12 +67,19 @@ class Batches:
                 f"images have {channels} channels but mean has {len(mean)} values "
                 f"and std {len(std)}"
             )
+        if num_classes is not None and len(labels):
+            low, high = int(np.min(labels)), int(np.max(labels))  # on the host, once
+            if low < 0 or high >= num_classes:
+                raise ValueError(f"labels must be in [0, {num_classes - 1}] for {num_classes} "
+                                 f"classes, got labels in [{low}, {high}]")
         self.images = to_device(images)  # (N, C, H, W) uint8
         self.labels = to_device(labels, dtype=xp.int64)  # (N,)
         self.batch_size, self.shuffle, self.drop_last = batch_size, shuffle, drop_last
         self.seed, self.augment = seed, augment
         self.dtype = backend.get_default_dtype()
-        self.mean, self.std = mean, std
+        shape = (1, channels, 1, 1)
+        self.mean = to_device(np.asarray(mean).reshape(shape), dtype=self.dtype)
+        self.std = to_device(np.asarray(std).reshape(shape), dtype=self.dtype)
         self.image_size = image_size
 
     def __len__(self):

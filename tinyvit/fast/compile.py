@@ -23,8 +23,10 @@ KERNELS_DIR = Path(__file__).with_name("kernels")
 C_TYPES = {"float32": "float", "float64": "double"}
 # each file's kernels, by the names its ``extern "C" __global__`` functions have
 FUNCTIONS = {
-    "gelu": ("gelu_forward", "gelu_backward"),
-    "layernorm": ("layernorm_forward", "layernorm_backward", "layernorm_param_grads"),
+    "gelu": ("gelu_forward", "gelu_backward", "bias_gelu_forward", "bias_gelu_backward"),
+    "dropout": ("dropout_apply",),
+    "layernorm": ("layernorm_forward", "add_layernorm_forward", "layernorm_backward",
+                  "layernorm_backward_add", "layernorm_param_grads"),
     "softmax": ("softmax_forward", "softmax_backward"),
     "cross_entropy": ("cross_entropy_soft", "cross_entropy_labels"),
     "adamw": ("adamw_update",),

@@ -9,8 +9,12 @@ work of its forward and backward in one or two kernels of ``kernels/*.cu``
 
 - ``GELU``: the exact form, forward and backward one launch each (the tanh form
   runs the reference);
+- ``MLP``: fc1's bias added inside the GELU's kernel, each way;
+- ``Dropout``: the mask drawn inside the kernel from a counter-based generator,
+  never stored: the backward draws it again, one launch each way;
 - ``LayerNorm``: forward one launch (a warp per row), backward one for dx and one
   for the gamma and beta gradients (a reduction down the columns);
+- ``Block``: the residual adds inside the LayerNorms' kernels, where they fit;
 - ``Attention``, ``ClassAttention``: the softmax with the 1/sqrt(Dh) scale folded
   in, forward and backward one launch each; the matmuls are CuPy's (cuBLAS);
 - ``SoftmaxCrossEntropy``: the loss and its gradient in one launch;
@@ -22,7 +26,7 @@ work of its forward and backward in one or two kernels of ``kernels/*.cu``
 ``tests/test_cuda_sources.py`` compiles every kernel without one.
 """
 
-from ..backend import xp
+from ..backend import host_rng, xp
 from ..checks import check_float
 from ..nn import layers, loss, optim
 from .compile import launch_columns, launch_elementwise, launch_rows, scalars
@@ -73,34 +77,146 @@ class GELU(FastKernel, layers.GELU):
         return dx
 
 
-class LayerNorm(FastKernel, layers.LayerNorm):
-    """The reference LayerNorm in kernels/layernorm.cu; the cache is xhat and rstd,
-    as the reference's (rstd one value per row)."""
+def bias_gelu(u, b):
+    """GELU(u + b) for rows u (M, D) and a bias b (D,), in one launch."""
+    y = xp.empty_like(u)
+    launch_elementwise("gelu", "bias_gelu_forward", u.size,
+                       (u, b, y, xp.int64(u.size), xp.int32(b.size)), u.dtype)
+    return y
+
+
+def bias_gelu_backward(u, b, dy):
+    """dy * GELU'(u + b), in one launch."""
+    dy = xp.ascontiguousarray(dy)
+    du = xp.empty_like(u)
+    launch_elementwise("gelu", "bias_gelu_backward", u.size,
+                       (u, b, dy, du, xp.int64(u.size), xp.int32(b.size)), u.dtype)
+    return du
+
+
+class MLP(FastKernel, layers.MLP):
+    """fc1, GELU: the matmul u = x W1^T, then one launch for GELU(u + b1), the bias
+    added inside the GELU's kernel; backward, one launch for du = dh GELU'(u + b1),
+    then fc1's own backward of du (dW1, db1 = du summed over rows, dx). The cache
+    is u (fc1's is x, as the reference's). The tanh GELU, or fc1 without a bias,
+    runs the layers one by one."""
+
+    def fused(self):
+        return self.act.approximate != "tanh" and self.fc1.bias is not None
 
     def forward(self, x):
-        check_rows(x, self.weight.data, "LayerNorm")
-        x = xp.ascontiguousarray(x)
+        if not self.fused():
+            return super().forward(x)
+        fc1 = self.fc1
+        check_rows(x, fc1.weight.data[0], "MLP")
+        x2 = xp.ascontiguousarray(x).reshape(-1, fc1.in_features)  # (M, D)
+        u = x2 @ fc1.weight.data.T  # (M, Dm): fc1 before its bias
+        h = bias_gelu(u, fc1.bias.data)  # (M, Dm)
+        fc1.cache, self.cache = (x2, u) if self.training else (None, None)
+        h = self.drop1.forward(h.reshape(*x.shape[:-1], fc1.out_features))
+        return self.drop2.forward(self.fc2.forward(h))
+
+    def backward(self, dout):
+        if not self.fused():
+            return super().backward(dout)
+        u = self._take_cache()
+        dh = self.drop1.backward(self.fc2.backward(self.drop2.backward(dout)))
+        du = bias_gelu_backward(u, self.fc1.bias.data, dh.reshape(u.shape))  # (M, Dm)
+        return self.fc1.backward(du).reshape(dout.shape)
+
+
+def dropout(x, key, p):
+    """x * keep / (1 - p), the mask drawn from ``key`` inside the kernel."""
+    x = xp.ascontiguousarray(x)
+    y = xp.empty_like(x)
+    args = (x, y, xp.int64(x.size), xp.uint64(key), xp.float64(p), *scalars(x.dtype, 1 / (1 - p)))
+    launch_elementwise("dropout", "dropout_apply", x.size, args, x.dtype)
+    return y
+
+
+class Dropout(FastKernel, layers.Dropout):
+    """The mask from a counter-based generator inside the kernel (kernels/dropout.cu):
+    each forward draws one 64-bit key from ``rng``, a generator on the host
+    (``model.seed_dropout`` gives it one), so no random state lives on the device and
+    nothing is read from it. The cache is the key: the backward draws the same mask
+    from it again, and no mask is kept between the passes."""
+
+    generator = staticmethod(host_rng)
+
+    def forward(self, x):
+        if not self.training or self.p == 0.0 or self.rng is None:
+            return super().forward(x)  # the identity, or the reference's error
+        key = int(self.rng.integers(2**63))
+        self.cache = key
+        return dropout(x, key, self.p)
+
+    def backward(self, dout):
+        key = self._take_cache()
+        return dout if isinstance(key, float) else dropout(dout, key, self.p)
+
+
+class LayerNorm(FastKernel, layers.LayerNorm):
+    """The reference LayerNorm in kernels/layernorm.cu; the cache is xhat and rstd,
+    as the reference's (rstd one value per row). ``add_forward`` and
+    ``backward_add`` fuse a residual connection into it (``Block``)."""
+
+    def forward(self, x):
+        return self._forward("layernorm_forward", x)
+
+    def add_forward(self, x, r):
+        """(s, LayerNorm(s)) for s = x + r, in one launch."""
+        s = xp.empty(r.shape, r.dtype)
+        return s, self._forward("add_layernorm_forward", x, r, s)
+
+    def _forward(self, function, x, *more):
+        """``function`` of x (and the arrays ``more`` it takes), each (..., D)."""
+        for a in (x, *more):
+            check_rows(a, self.weight.data, "LayerNorm")
+        inputs = tuple(xp.ascontiguousarray(a) for a in (x, *more))
         rows, D = x.size // self.dim, self.dim
-        y, xhat = xp.empty_like(x), xp.empty_like(x)
+        y, xhat = xp.empty(x.shape, x.dtype), xp.empty(x.shape, x.dtype)
         rstd = xp.empty(rows, dtype=x.dtype)
-        args = (x, self.weight.data, self.bias.data, y, xhat, rstd, xp.int64(rows), xp.int32(D),
-                *scalars(x.dtype, self.eps))
-        launch_rows("layernorm", "layernorm_forward", rows, args, x.dtype)
+        args = (*inputs, self.weight.data, self.bias.data, y, xhat, rstd, xp.int64(rows),
+                xp.int32(D), *scalars(x.dtype, self.eps))
+        launch_rows("layernorm", function, rows, args, x.dtype)
         self.cache = (xhat, rstd) if self.training else None
         return y
 
     def backward(self, dout):
+        return self._backward(dout, "layernorm_backward", ())
+
+    def backward_add(self, dout, skip):
+        """skip + the backward of dout, in one launch: a residual's input gradient."""
+        return self._backward(dout, "layernorm_backward_add", (xp.ascontiguousarray(skip),))
+
+    def _backward(self, dout, function, skip):
         xhat, rstd = self._take_cache()
         dout = xp.ascontiguousarray(dout)
         rows, D = rstd.size, self.dim
         dx = xp.empty_like(dout)
-        launch_rows("layernorm", "layernorm_backward", rows,
-                    (dout, xhat, rstd, self.weight.data, dx, xp.int64(rows), xp.int32(D)),
+        launch_rows("layernorm", function, rows,
+                    (dout, xhat, rstd, self.weight.data, *skip, dx, xp.int64(rows), xp.int32(D)),
                     dout.dtype)
         launch_columns("layernorm", "layernorm_param_grads", rows, D,
                        (dout, xhat, self.weight.grad, self.bias.grad, xp.int64(rows),
                         xp.int32(D)), dout.dtype)
         return dx
+
+
+class Block(FastKernel, layers.Block):
+    """The encoder block with its residual adds fused into the LayerNorms' kernels:
+    forward, x1 = x + attn(norm1(x)) and norm2(x1) in one launch; backward, each
+    residual's skip gradient added inside the backward of the LayerNorm on its
+    branch. Its norms are the GPU LayerNorm (``accelerate`` swaps them with it)."""
+
+    def forward(self, x):
+        a = self.attn.forward(self.norm1.forward(x))  # (B, N, D)
+        x1, h = self.norm2.add_forward(x, a)  # x1 = x + a, h = norm2(x1)
+        return x1 + self.mlp.forward(h)
+
+    def backward(self, dout):
+        dx1 = self.norm2.backward_add(self.mlp.backward(dout), dout)  # dout + the MLP branch's
+        return self.norm1.backward_add(self.attn.backward(dx1), dx1)
 
 
 def scaled_softmax(S, scale):
@@ -156,7 +272,12 @@ class ClassAttention(FastAttentionCore, layers.ClassAttention):
 
 class SoftmaxCrossEntropy(FastKernel, loss.SoftmaxCrossEntropy):
     """The loss and its gradient in one launch (kernels/cross_entropy.cu); the
-    cache is the gradient for dout = 1, which the backward scales by dout."""
+    cache is the gradient for dout = 1, which the backward scales by dout.
+
+    It checks the target's shape and dtype but not the labels' values, which would
+    wait for the device every step: a label outside [0, K) makes its row's loss
+    and gradient NaN, which the trainer stops on (``Batches`` checks a data set's
+    labels once, when it is loaded)."""
 
     def forward(self, logits, target):
         self._check_logits(logits)
@@ -194,7 +315,10 @@ class AdamW(FastKernel, optim.AdamW):
 KERNELS = {
     layers.Linear: Linear,
     layers.LayerNorm: LayerNorm,
+    layers.Block: Block,
     layers.GELU: GELU,
+    layers.MLP: MLP,
+    layers.Dropout: Dropout,
     layers.Attention: Attention,
     layers.ClassAttention: ClassAttention,
     loss.SoftmaxCrossEntropy: SoftmaxCrossEntropy,

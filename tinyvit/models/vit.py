@@ -16,7 +16,6 @@ be compared key by key with PyTorch implementations (see ``state_dict``).
 """
 
 from ..backend import float_dtype, host_rng, to_device, to_host, xp
-from ..backend import rng as device_rng
 from ..nn.init import trunc_normal
 from ..nn.layers import (
     Block,
@@ -84,15 +83,19 @@ class ViT(Module):
         self.seed_dropout(seed)
 
     def seed_dropout(self, seed):
-        """Give every Dropout layer with p > 0 one fresh generator on the active
-        backend; ``seed`` is an int or a tuple such as (seed, step)."""
+        """Give every Dropout layer with p > 0 one fresh generator, shared, of the
+        kind its class draws from (``Dropout.generator``: on the active backend for
+        the reference, on the host for the GPU kernel's keys); ``seed`` is an int or
+        a tuple such as (seed, step)."""
         if self._dropouts is None:
             self._dropouts = tuple(m for _, m in self.named_modules()
                                    if isinstance(m, Dropout) and m.p > 0)
-        if self._dropouts:
-            generator = device_rng(seed)
-            for module in self._dropouts:
-                module.rng = generator
+        generators = {}
+        for module in self._dropouts:
+            make = module.generator
+            if make not in generators:
+                generators[make] = make(seed)
+            module.rng = generators[make]
 
     # -- forward and backward ------------------------------------------------
 

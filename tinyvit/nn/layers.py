@@ -20,6 +20,7 @@ product of its input's leading axes).
 import math
 
 from ..backend import float_dtype, host_rng, xp
+from ..backend import rng as device_rng
 from ..checks import check_float
 from .functional import (
     column_sum,
@@ -268,6 +269,8 @@ class Dropout(Module):
     random state: pass ``rng=`` here, or let the model give one generator to all
     its Dropout layers (``ViT.seed_dropout``).
     """
+
+    generator = staticmethod(device_rng)  # what seed_dropout makes for it from a seed
 
     def __init__(self, p=0.0, rng=None):
         super().__init__()

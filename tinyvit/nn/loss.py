@@ -22,7 +22,7 @@ class SoftmaxCrossEntropy(Module):
 
     def targets(self, target, num_classes, dtype):
         """The (B, K) target distribution for integer labels or soft targets
-        (``check_target`` them first: out-of-range labels would index wrongly)."""
+        (``check_labels`` them first: out-of-range labels would index wrongly)."""
         if xp.issubdtype(target.dtype, xp.floating):
             return target.astype(dtype, copy=False)
         t = xp.full((target.shape[0], num_classes), self.label_smoothing / num_classes, dtype=dtype)
@@ -33,6 +33,7 @@ class SoftmaxCrossEntropy(Module):
         self._check_logits(logits)
         B, K = logits.shape
         self.check_target(target, B, K)
+        self.check_labels(target, K)
         log_probs = log_softmax(logits)  # (B, K)
         t = self.targets(target, K, logits.dtype)
         self.cache = (log_probs, t)
@@ -57,8 +58,8 @@ class SoftmaxCrossEntropy(Module):
             )
 
     def check_target(self, target, batch, num_classes):
-        """A clear ValueError unless ``target`` is ``batch`` labels in [0, num_classes)
-        or (batch, num_classes) soft targets."""
+        """A clear ValueError unless ``target`` is ``batch`` integer labels or
+        (batch, num_classes) soft targets (their shape and dtype: nothing is read)."""
         B, K = batch, num_classes
         if xp.issubdtype(target.dtype, xp.floating):
             if target.shape != (B, K):
@@ -75,6 +76,13 @@ class SoftmaxCrossEntropy(Module):
             raise ValueError(
                 f"SoftmaxCrossEntropy: expected integer labels, got dtype {target.dtype}"
             )
+
+    def check_labels(self, target, num_classes):
+        """A clear ValueError unless integer labels are in [0, num_classes): the one
+        check that reads the labels' values (on a GPU, a wait for the device)."""
+        if xp.issubdtype(target.dtype, xp.floating):
+            return
+        K = num_classes
         low, high = int(target.min()), int(target.max())
         if low < 0 or high >= K:
             raise ValueError(

@@ -42,7 +42,7 @@ def make_batches(config, split):
         images, labels = images[:subset], labels[:subset]
     if split == "test":
         return Batches(images, labels, config.eval_batch_size, mean=info.mean, std=info.std,
-                       image_size=config.image_size())
+                       image_size=config.image_size(), num_classes=len(info.classes))
     return training_batches(config, images, labels)
 
 
@@ -53,4 +53,4 @@ def training_batches(config, images, labels):
     pipeline = augment.pipeline(config.max_shift, config.flip, config.erasing)
     return Batches(images, labels, config.batch_size, mean=info.mean, std=info.std,
                    shuffle=True, drop_last=True, seed=config.seed, augment=pipeline,
-                   image_size=config.image_size())
+                   image_size=config.image_size(), num_classes=len(info.classes))

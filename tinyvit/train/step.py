@@ -1,7 +1,6 @@
 """One training step: forward, loss, backward and the optimizer's update."""
 
 from ..backend import host_rng, quiet_overflow, xp
-from ..backend import rng as device_rng
 from ..data import augment
 from ..fast import for_tier
 from ..nn.loss import SoftmaxCrossEntropy
@@ -84,8 +83,8 @@ class Trainer:
         c = self.config
         if not (c.mixup or c.cutmix):
             return x, y
-        rng = device_rng(seed)
-        if c.cutmix and (not c.mixup or host_rng(seed).random() < 0.5):
+        rng = host_rng(seed)  # the choice, lam and the box: a few numbers, on the host
+        if c.cutmix and (not c.mixup or rng.random() < 0.5):
             return augment.cutmix(x, y, self.num_classes, rng, alpha=c.cutmix)
         return augment.mixup(x, y, self.num_classes, rng, alpha=c.mixup)
 
@@ -100,6 +99,7 @@ class Trainer:
                 loss, logits = loss_and_gradients(self.model, self.criterion, x, target, seed)
             else:  # the same, over the workers: their targets are distributions
                 self.criterion.check_target(target, len(x), self.num_classes)
+                self.criterion.check_labels(target, self.num_classes)
                 targets = self.criterion.targets(target, self.num_classes, x.dtype)
                 loss, logits = self.parallel.gradients(x, targets, seed)
             grad = self.optimizer.grad

@@ -5,7 +5,8 @@
 //     grad_bk = (p_k - t_k) / B,   p_k = exp(z_k - lse)
 // t is either a row of soft targets (mixup, cutmix) or made from an integer label:
 //     t_k = smoothing / K + (1 - smoothing) [k == label]
-// Each row writes its loss_b; the caller sums them.
+// Each row writes its loss_b; the caller sums them. A label outside [0, K) makes its row's
+// loss and gradient NaN: the caller does not read the labels to check them.
 
 __device__ __forceinline__ T target(const T* soft, long label, T smoothing, int K, int k) {
     if (soft) return soft[k];
@@ -21,8 +22,9 @@ __device__ void cross_entropy_row(const T* z, const T* soft, long label, T smoot
     for (int k = lane(); k < K; k += 32) sum += exp(z[k] - largest);
     T lse = largest + log(warp_sum(sum));
     T row_loss = 0;
+    T invalid = (!soft && (label < 0 || label >= K)) ? (T)nan("") : (T)0;
     for (int k = lane(); k < K; k += 32) {
-        T t = target(soft, label, smoothing, K, k);
+        T t = target(soft, label, smoothing, K, k) + invalid;
         row_loss += t * (lse - z[k]);
         grad[k] = (exp(z[k] - lse) - t) / B;
     }

@@ -3,45 +3,78 @@
 //     mean = sum(x) / D,   var = sum((x - mean)^2) / D,   rstd = 1 / sqrt(var + eps)
 //     xhat = (x - mean) rstd,   y = gamma xhat + beta
 // The forward writes y, and for the backward xhat (rows x D) and rstd (rows).
-extern "C" __global__ void layernorm_forward(const T* x, const T* gamma, const T* beta, T* y,
-                                             T* xhat, T* rstd, long rows, int D, T eps) {
-    long row = warp_row();
-    if (row >= rows) return;  // the whole warp: a warp holds one row
-    const T* xr = x + row * D;
+// The add_ kernels fuse the residual connection before or after it (tinyvit.fast.gpu.Block):
+// add_layernorm_forward first writes s = x + r and normalizes s; layernorm_backward_add adds
+// the skip's gradient to dx in the same pass.
+
+__device__ void layernorm_row(const T* x, const T* gamma, const T* beta, T* y, T* xhat, T* rstd,
+                              int D, T eps) {
     T sum = 0;
-    for (int j = lane(); j < D; j += 32) sum += xr[j];
+    for (int j = lane(); j < D; j += 32) sum += x[j];
     T mean = warp_sum(sum) / D;
     T squares = 0;
     for (int j = lane(); j < D; j += 32) {
-        T c = xr[j] - mean;
+        T c = x[j] - mean;
         squares += c * c;
     }
     T r = (T)1 / sqrt(warp_sum(squares) / D + eps);
     for (int j = lane(); j < D; j += 32) {
-        T h = (xr[j] - mean) * r;
-        xhat[row * D + j] = h;
-        y[row * D + j] = gamma[j] * h + beta[j];
+        T h = (x[j] - mean) * r;
+        xhat[j] = h;
+        y[j] = gamma[j] * h + beta[j];
     }
-    if (lane() == 0) rstd[row] = r;
+    if (lane() == 0) *rstd = r;
 }
 
-// dx = rstd (g - mean(g) - xhat mean(g xhat)) per row, g = dy gamma
+extern "C" __global__ void layernorm_forward(const T* x, const T* gamma, const T* beta, T* y,
+                                             T* xhat, T* rstd, long rows, int D, T eps) {
+    long row = warp_row();
+    if (row >= rows) return;  // the whole warp: a warp holds one row
+    layernorm_row(x + row * D, gamma, beta, y + row * D, xhat + row * D, rstd + row, D, eps);
+}
+
+// s = x + r, then y = LayerNorm(s): each lane reads back only the values it wrote
+extern "C" __global__ void add_layernorm_forward(const T* x, const T* r, T* s, const T* gamma,
+                                                 const T* beta, T* y, T* xhat, T* rstd,
+                                                 long rows, int D, T eps) {
+    long row = warp_row();
+    if (row >= rows) return;
+    for (int j = lane(); j < D; j += 32) s[row * D + j] = x[row * D + j] + r[row * D + j];
+    layernorm_row(s + row * D, gamma, beta, y + row * D, xhat + row * D, rstd + row, D, eps);
+}
+
+// dx = rstd (g - mean(g) - xhat mean(g xhat)) per row, g = dy gamma; plus skip[j] if given
+__device__ void layernorm_backward_row(const T* dy, const T* xhat, T rstd, const T* gamma,
+                                       const T* skip, T* dx, int D) {
+    T sum_g = 0, sum_gh = 0;
+    for (int j = lane(); j < D; j += 32) {
+        T g = dy[j] * gamma[j];
+        sum_g += g;
+        sum_gh += g * xhat[j];
+    }
+    T mean_g = warp_sum(sum_g) / D, mean_gh = warp_sum(sum_gh) / D;
+    for (int j = lane(); j < D; j += 32) {
+        T d = rstd * (dy[j] * gamma[j] - mean_g - xhat[j] * mean_gh);
+        dx[j] = skip ? skip[j] + d : d;
+    }
+}
+
 extern "C" __global__ void layernorm_backward(const T* dy, const T* xhat, const T* rstd,
                                               const T* gamma, T* dx, long rows, int D) {
     long row = warp_row();
     if (row >= rows) return;
-    const T* dyr = dy + row * D;
-    const T* hr = xhat + row * D;
-    T sum_g = 0, sum_gh = 0;
-    for (int j = lane(); j < D; j += 32) {
-        T g = dyr[j] * gamma[j];
-        sum_g += g;
-        sum_gh += g * hr[j];
-    }
-    T mean_g = warp_sum(sum_g) / D, mean_gh = warp_sum(sum_gh) / D;
-    T r = rstd[row];
-    for (int j = lane(); j < D; j += 32)
-        dx[row * D + j] = r * (dyr[j] * gamma[j] - mean_g - hr[j] * mean_gh);
+    layernorm_backward_row(dy + row * D, xhat + row * D, rstd[row], gamma, nullptr,
+                           dx + row * D, D);
+}
+
+// dx = skip + the LayerNorm's backward of dy: a residual's gradient, its skip added here
+extern "C" __global__ void layernorm_backward_add(const T* dy, const T* xhat, const T* rstd,
+                                                  const T* gamma, const T* skip, T* dx,
+                                                  long rows, int D) {
+    long row = warp_row();
+    if (row >= rows) return;
+    layernorm_backward_row(dy + row * D, xhat + row * D, rstd[row], gamma, skip + row * D,
+                           dx + row * D, D);
 }
 
 // dgamma += sum over rows of dy xhat,  dbeta += sum over rows of dy: the second reduction,

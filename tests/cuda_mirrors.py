@@ -1,0 +1,109 @@
+"""NumPy mirrors of the GPU kernels of ``tinyvit/fast/kernels``, one function per
+``extern "C" __global__`` function, with its parameters in order and its math in
+a line or two: ``test_cuda_sources.py`` runs the GPU classes on NumPy with each
+launch replaced by its mirror, and ``test_fast.py`` checks the dropout kernel's
+masks against its mirror's on a GPU."""
+
+import numpy as np
+
+from tinyvit.nn.functional import normal_cdf, normal_pdf
+
+
+def gelu_forward(x, y, n):
+    y[...] = x * normal_cdf(x)
+
+
+def gelu_backward(x, dy, dx, n):
+    dx[...] = dy * (normal_cdf(x) + x * normal_pdf(x))
+
+
+def bias_gelu_forward(u, b, y, n, D):
+    gelu_forward(u.reshape(-1, D) + b, y.reshape(-1, D), n)
+
+
+def bias_gelu_backward(u, b, dy, du, n, D):
+    gelu_backward(u.reshape(-1, D) + b, dy.reshape(-1, D), du.reshape(-1, D), n)
+
+
+def splitmix64(key, i):
+    """Output i (an array of indices) of SplitMix64 seeded with ``key``, as uint64."""
+    z = np.uint64(key) + (i.astype(np.uint64) + np.uint64(1)) * np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def dropout_apply(x, y, n, key, p, scale):
+    u = (splitmix64(key, np.arange(n)) >> np.uint64(11)).astype(np.float64) / 2.0**53
+    y.reshape(-1)[...] = np.where(u >= p, x.reshape(-1) * scale, 0)
+
+
+def layernorm_forward(x, gamma, beta, y, xhat, rstd, rows, D, eps):
+    x = x.reshape(rows, D)
+    mean = x.mean(axis=1, keepdims=True)
+    r = 1 / np.sqrt(((x - mean) ** 2).mean(axis=1, keepdims=True) + eps)
+    xhat.reshape(rows, D)[...] = (x - mean) * r
+    y.reshape(rows, D)[...] = gamma * xhat.reshape(rows, D) + beta
+    rstd[...] = r[:, 0]
+
+
+def add_layernorm_forward(x, r, s, gamma, beta, y, xhat, rstd, rows, D, eps):
+    s[...] = x + r
+    layernorm_forward(s, gamma, beta, y, xhat, rstd, rows, D, eps)
+
+
+def layernorm_backward_add(dy, xhat, rstd, gamma, skip, dx, rows, D):
+    layernorm_backward(dy, xhat, rstd, gamma, dx, rows, D)
+    dx += skip
+
+
+def layernorm_backward(dy, xhat, rstd, gamma, dx, rows, D):
+    g, h = dy.reshape(rows, D) * gamma, xhat.reshape(rows, D)
+    dx.reshape(rows, D)[...] = rstd[:, None] * (g - g.mean(axis=1, keepdims=True)
+                                                - h * (g * h).mean(axis=1, keepdims=True))
+
+
+def layernorm_param_grads(dy, xhat, dgamma, dbeta, rows, D):
+    dgamma += (dy.reshape(rows, D) * xhat.reshape(rows, D)).sum(axis=0)
+    dbeta += dy.reshape(rows, D).sum(axis=0)
+
+
+def softmax_forward(S, A, rows, N, scale):
+    s = scale * S.reshape(rows, N)
+    e = np.exp(s - s.max(axis=1, keepdims=True))
+    A.reshape(rows, N)[...] = e / e.sum(axis=1, keepdims=True)
+
+
+def softmax_backward(A, dA, dS, rows, N, scale):
+    a, da = A.reshape(rows, N), dA.reshape(rows, N)
+    dS.reshape(rows, N)[...] = scale * a * (da - (da * a).sum(axis=1, keepdims=True))
+
+
+def cross_entropy_soft(z, t, loss_rows, grad, B, K):
+    lse = np.log(np.exp(z - z.max(axis=1, keepdims=True)).sum(axis=1, keepdims=True)) \
+        + z.max(axis=1, keepdims=True)
+    loss_rows[...] = (t * (lse - z)).sum(axis=1) / B
+    grad[...] = (np.exp(z - lse) - t) / B
+
+
+def cross_entropy_labels(z, labels, smoothing, loss_rows, grad, B, K):
+    t = np.full((B, K), smoothing / K, dtype=z.dtype)
+    valid = (labels >= 0) & (labels < K)
+    t[valid, labels[valid]] += 1 - smoothing
+    t[~valid] = np.nan
+    cross_entropy_soft(z, t, loss_rows, grad, B, K)
+
+
+def adamw_update(p, g, m, v, decay, n, lr, beta1, beta2, eps, weight_decay, bias1, bias2_sqrt):
+    p -= lr * weight_decay * decay * p
+    m[...] = beta1 * m + (1 - beta1) * g
+    v[...] = beta2 * v + (1 - beta2) * g * g
+    p -= lr / bias1 * m / (np.sqrt(v) / bias2_sqrt + eps)
+
+
+MIRRORS = {f.__name__: f for f in (gelu_forward, gelu_backward, bias_gelu_forward,
+                                   bias_gelu_backward, dropout_apply, layernorm_forward,
+                                   add_layernorm_forward, layernorm_backward_add,
+                                   layernorm_backward, layernorm_param_grads, softmax_forward,
+                                   softmax_backward, cross_entropy_soft, cross_entropy_labels,
+                                   adamw_update)}
