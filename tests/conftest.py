@@ -70,6 +70,15 @@ REAL_DATA = Path(os.environ.get("TINYVIT_DATA")
                  or Path(__file__).resolve().parents[2] / "shared" / "data")
 
 
+def output_shape(layer, x):
+    """The shape of ``layer``'s output for ``x``, from an eval-mode forward, which
+    changes no state (BatchNorm's running averages included)."""
+    layer.eval()
+    shape = layer.forward(x).shape
+    layer.train()
+    return shape
+
+
 def load_script(path):
     """A script (benchmarks/*.py, train_mnist.py) loaded as a module, by its path."""
     spec = importlib.util.spec_from_file_location(path.stem, path)

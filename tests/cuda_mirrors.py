@@ -68,6 +68,34 @@ def layernorm_param_grads(dy, xhat, dgamma, dbeta, rows, D):
     dbeta += dy.reshape(rows, D).sum(axis=0)
 
 
+def batchnorm_forward(x, gamma, beta, y, xhat, rstd, running_mean, running_var, B, C, HW, eps,
+                      momentum):
+    x = x.reshape(B, C, HW)
+    mean, var = x.mean(axis=(0, 2)), x.var(axis=(0, 2))
+    rstd[...] = 1 / np.sqrt(var + eps)
+    xhat.reshape(B, C, HW)[...] = (x - mean[:, None]) * rstd[:, None]
+    y.reshape(B, C, HW)[...] = gamma[:, None] * xhat.reshape(B, C, HW) + beta[:, None]
+    n = B * HW
+    running_mean[...] = (1 - momentum) * running_mean + momentum * mean
+    running_var[...] = (1 - momentum) * running_var + momentum * var * n / (n - 1)
+
+
+def batchnorm_eval(x, gamma, beta, running_mean, running_var, y, total, C, HW, eps):
+    scale = gamma / np.sqrt(running_var + eps)
+    y.reshape(-1, C, HW)[...] = ((x.reshape(-1, C, HW) - running_mean[:, None]) * scale[:, None]
+                                 + beta[:, None])
+
+
+def batchnorm_backward(dy, xhat, rstd, gamma, dx, dgamma, dbeta, B, C, HW):
+    dy, xhat = dy.reshape(B, C, HW), xhat.reshape(B, C, HW)
+    sum_dy, sum_dyh = dy.sum(axis=(0, 2)), (dy * xhat).sum(axis=(0, 2))
+    n = B * HW
+    mean_g, mean_gh = (gamma * sum_dy / n)[:, None], (gamma * sum_dyh / n)[:, None]
+    dx.reshape(B, C, HW)[...] = rstd[:, None] * (dy * gamma[:, None] - mean_g - xhat * mean_gh)
+    dgamma += sum_dyh
+    dbeta += sum_dy
+
+
 def softmax_forward(S, A, rows, N, scale):
     s = scale * S.reshape(rows, N)
     e = np.exp(s - s.max(axis=1, keepdims=True))
@@ -104,6 +132,7 @@ def adamw_update(p, g, m, v, decay, n, lr, beta1, beta2, eps, weight_decay, bias
 MIRRORS = {f.__name__: f for f in (gelu_forward, gelu_backward, bias_gelu_forward,
                                    bias_gelu_backward, dropout_apply, layernorm_forward,
                                    add_layernorm_forward, layernorm_backward_add,
+                                   batchnorm_forward, batchnorm_eval, batchnorm_backward,
                                    layernorm_backward, layernorm_param_grads, softmax_forward,
                                    softmax_backward, cross_entropy_soft, cross_entropy_labels,
                                    adamw_update)}

@@ -19,13 +19,13 @@ import re
 import numpy as np
 import pytest
 
-from conftest import jitter, randn
+from conftest import jitter, output_shape, randn
 from cuda_mirrors import MIRRORS
 from tinyvit import backend as B
 from tinyvit.fast import compile as cuda
 from tinyvit.fast import gpu
 from tinyvit.models import ViT
-from tinyvit.nn import layers, loss, optim
+from tinyvit.nn import conv, layers, loss, optim
 
 ARCHITECTURES = ("sm_80", "sm_90")
 DTYPES = ("float32", "float64")
@@ -128,6 +128,7 @@ LAYERS = {
     gpu.MLP: (lambda: layers.MLP(6, 10, rng=B.host_rng(0)), [(3, 6), (2, 9, 6), (1, 1, 6)]),
     gpu.LayerNorm: (lambda: layers.LayerNorm(7), [(3, 7), (2, 9, 7), (1, 1, 7)]),
     gpu.Block: (lambda: layers.Block(6, 2, rng=B.host_rng(0)), [(2, 5, 6), (1, 17, 6)]),
+    gpu.BatchNorm2d: (lambda: conv.BatchNorm2d(3), [(2, 3, 5, 7), (1, 3, 1, 3)]),
     gpu.Attention: (lambda: layers.Attention(6, 3, rng=B.host_rng(0)), [(2, 5, 6), (1, 40, 6)]),
     gpu.ClassAttention: (lambda: layers.ClassAttention(6, 2, rng=B.host_rng(0)),
                          [(2, 5, 6), (3, 1, 6)]),
@@ -155,9 +156,11 @@ def test_each_gpu_layer_launches_its_kernels_as_declared(mirrored, cls, shape, d
         part.__class__ = gpu.KERNELS.get(type(part), type(part))
     assert type(kernel) is cls
     x = (2 * randn(*shape)).astype(dtype)
-    dout = randn(*reference.forward(x).shape, seed=1).astype(dtype)
+    dout = randn(*output_shape(reference, x), seed=1).astype(dtype)
     for ours, theirs in zip(training_pass(kernel, x, dout), training_pass(reference, x, dout)):
         assert ours.dtype == dtype and rel_err(ours, theirs) <= TOLERANCE[dtype]
+    reference.eval(), kernel.eval()  # BatchNorm2d's running averages, updated by the pass
+    assert rel_err(kernel.forward(x), reference.forward(x)) <= TOLERANCE[dtype]
 
 
 def test_layernorm_names_an_input_it_cannot_read(mirrored):
@@ -166,6 +169,14 @@ def test_layernorm_names_an_input_it_cannot_read(mirrored):
     with pytest.raises(ValueError, match=r"LayerNorm: the GPU kernel expects input \(\.\.\., 7\) "
                                          r"of dtype float32, got \(3, 7\) of dtype float64"):
         norm.forward(randn(3, 7))
+
+
+def test_batchnorm_names_an_input_it_cannot_read(mirrored):
+    norm = conv.BatchNorm2d(3).astype("float32")
+    norm.__class__ = gpu.BatchNorm2d
+    with pytest.raises(ValueError, match="BatchNorm2d: the GPU kernel expects input of dtype "
+                                         "float32, got float64"):
+        norm.forward(randn(2, 3, 4, 4))
 
 
 @pytest.mark.parametrize("target", ["labels", "soft"])

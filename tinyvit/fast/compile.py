@@ -11,7 +11,8 @@ Two launch shapes:
 - elementwise (``launch_elementwise``): blocks of THREADS threads, each thread
   taking every stride-th value of the array (a grid-stride loop), the grid at
   most MAX_BLOCKS blocks;
-- rows (``launch_rows``): one warp of 32 threads per row, THREADS / 32 rows a block.
+- rows (``launch_rows``): one warp of 32 threads per row, THREADS / 32 rows a block;
+- channels (``launch_channels``): one block of THREADS threads per channel.
 """
 
 import functools
@@ -25,6 +26,7 @@ C_TYPES = {"float32": "float", "float64": "double"}
 FUNCTIONS = {
     "gelu": ("gelu_forward", "gelu_backward", "bias_gelu_forward", "bias_gelu_backward"),
     "dropout": ("dropout_apply",),
+    "batchnorm": ("batchnorm_forward", "batchnorm_eval", "batchnorm_backward"),
     "layernorm": ("layernorm_forward", "add_layernorm_forward", "layernorm_backward",
                   "layernorm_backward_add", "layernorm_param_grads"),
     "softmax": ("softmax_forward", "softmax_backward"),
@@ -52,9 +54,14 @@ def _module(name, dtype):
     return xp.RawModule(code=source(name, dtype), options=("--std=c++14",))
 
 
+@functools.cache
+def _function(name, function, dtype):  # kept: getting it again is a driver call per launch
+    return _module(name, dtype).get_function(function)
+
+
 def kernel(name, function, dtype):
     """Function ``function`` of ``kernels/<name>.cu``, compiled for ``dtype``."""
-    return _module(name, str(xp.dtype(dtype))).get_function(function)
+    return _function(name, function, str(xp.dtype(dtype)))
 
 
 def scalars(dtype, *values):
@@ -73,6 +80,11 @@ def launch_rows(name, function, rows, args, dtype):
     per_block = THREADS // 32
     blocks = max(1, -(-rows // per_block))
     kernel(name, function, dtype)((blocks,), (THREADS,), args)
+
+
+def launch_channels(name, function, channels, args, dtype):
+    """Run a channel kernel (``batchnorm.cu``): one block per channel."""
+    kernel(name, function, dtype)((channels,), (THREADS,), args)
 
 
 def launch_columns(name, function, rows, columns, args, dtype):

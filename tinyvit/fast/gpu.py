@@ -15,6 +15,7 @@ work of its forward and backward in one or two kernels of ``kernels/*.cu``
 - ``LayerNorm``: forward one launch (a warp per row), backward one for dx and one
   for the gamma and beta gradients (a reduction down the columns);
 - ``Block``: the residual adds inside the LayerNorms' kernels, where they fit;
+- ``BatchNorm2d`` (the hybrid's stem): one launch each way, a block per channel;
 - ``Attention``, ``ClassAttention``: the softmax with the 1/sqrt(Dh) scale folded
   in, forward and backward one launch each; the matmuls are CuPy's (cuBLAS);
 - ``SoftmaxCrossEntropy``: the loss and its gradient in one launch;
@@ -27,9 +28,9 @@ work of its forward and backward in one or two kernels of ``kernels/*.cu``
 """
 
 from ..backend import host_rng, xp
-from ..checks import check_float
-from ..nn import layers, loss, optim
-from .compile import launch_columns, launch_elementwise, launch_rows, scalars
+from ..checks import check_float, check_images
+from ..nn import conv, layers, loss, optim
+from .compile import launch_channels, launch_columns, launch_elementwise, launch_rows, scalars
 from .cpu import FastKernel
 
 
@@ -203,6 +204,47 @@ class LayerNorm(FastKernel, layers.LayerNorm):
         return dx
 
 
+class BatchNorm2d(FastKernel, conv.BatchNorm2d):
+    """The reference BatchNorm2d in kernels/batchnorm.cu, one launch each way: in
+    training a block per channel takes its statistics, normalizes, and updates the
+    running averages; its backward gives dx and the gamma and beta gradients from
+    the same two sums; eval mode one elementwise launch. The cache is xhat and rstd,
+    as the reference's (rstd one value per channel)."""
+
+    def forward(self, x):
+        check_images(x, "BatchNorm2d", self.num_features)
+        if x.dtype != self.weight.data.dtype:
+            raise ValueError(f"BatchNorm2d: the GPU kernel expects input of dtype "
+                             f"{self.weight.data.dtype}, got {x.dtype}")
+        x = xp.ascontiguousarray(x)
+        B, C, H, W = x.shape
+        y = xp.empty_like(x)
+        gamma, beta = self.weight.data, self.bias.data
+        if not self.training:
+            self.cache = None
+            args = (x, gamma, beta, self.running_mean, self.running_var, y, xp.int64(x.size),
+                    xp.int32(C), xp.int64(H * W), *scalars(x.dtype, self.eps))
+            launch_elementwise("batchnorm", "batchnorm_eval", x.size, args, x.dtype)
+            return y
+        self.values_per_channel(x)
+        xhat, rstd = xp.empty_like(x), xp.empty(C, dtype=x.dtype)
+        args = (x, gamma, beta, y, xhat, rstd, self.running_mean, self.running_var, xp.int64(B),
+                xp.int32(C), xp.int64(H * W), *scalars(x.dtype, self.eps, self.momentum))
+        launch_channels("batchnorm", "batchnorm_forward", C, args, x.dtype)
+        self.cache = (xhat, rstd)
+        return y
+
+    def backward(self, dout):
+        xhat, rstd = self._take_cache()
+        dout = xp.ascontiguousarray(dout)
+        B, C, H, W = dout.shape
+        dx = xp.empty_like(dout)
+        args = (dout, xhat, rstd, self.weight.data, dx, self.weight.grad, self.bias.grad,
+                xp.int64(B), xp.int32(C), xp.int64(H * W))
+        launch_channels("batchnorm", "batchnorm_backward", C, args, dout.dtype)
+        return dx
+
+
 class Block(FastKernel, layers.Block):
     """The encoder block with its residual adds fused into the LayerNorms' kernels:
     forward, x1 = x + attn(norm1(x)) and norm2(x1) in one launch; backward, each
@@ -316,6 +358,7 @@ KERNELS = {
     layers.Linear: Linear,
     layers.LayerNorm: LayerNorm,
     layers.Block: Block,
+    conv.BatchNorm2d: BatchNorm2d,
     layers.GELU: GELU,
     layers.MLP: MLP,
     layers.Dropout: Dropout,

@@ -266,15 +266,21 @@ class BatchNorm2d(Module):
             mean = self.running_mean[:, None, None]  # (C, 1, 1)
             rstd = 1.0 / xp.sqrt(self.running_var + self.eps)
             return (x - mean) * (gamma * rstd[:, None, None]) + beta
-        n = x.shape[0] * x.shape[2] * x.shape[3]
-        if n < 2:
-            raise ValueError(f"BatchNorm2d: expected more than 1 value per channel in training, "
-                             f"got input of shape {x.shape}")
+        n = self.values_per_channel(x)
         # (B, C, H, W), and rstd, mean and var (1, C, 1, 1)
         xhat, rstd, mean, var = standardize(x, (0, 2, 3), self.eps)
         self.update_running_averages(mean.reshape(-1), var.reshape(-1), n)
         self.cache = (xhat, rstd)
         return gamma * xhat + beta
+
+    def values_per_channel(self, x):
+        """n = B*H*W, the values a channel's batch statistics are taken over: at
+        least 2 in training (one value has no variance)."""
+        n = x.shape[0] * x.shape[2] * x.shape[3]
+        if n < 2:
+            raise ValueError(f"BatchNorm2d: expected more than 1 value per channel in training, "
+                             f"got input of shape {x.shape}")
+        return n
 
     def update_running_averages(self, mean, var, n):
         m = self.momentum

@@ -149,10 +149,11 @@ class Communicator:
 
 
 def synchronize_batchnorm(model, comm):
-    """Every BatchNorm2d of ``model`` made a SyncBatchNorm2d over the processes of
+    """Every BatchNorm2d of ``model`` (the GPU kernel's too, which takes its
+    statistics in one process) made a SyncBatchNorm2d over the processes of
     ``comm`` (a Communicator)."""
     for _, module in model.named_modules():
-        if type(module) is BatchNorm2d:
+        if isinstance(module, BatchNorm2d) and not isinstance(module, SyncBatchNorm2d):
             module.__class__ = SyncBatchNorm2d
             module.sum_over_processes = comm.sum
 
