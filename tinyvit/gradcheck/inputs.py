@@ -1,8 +1,7 @@
 """Random inputs and parameters for gradient checks, the same on every backend."""
 
 from ..backend import host_rng, to_device
-from ..backend import rng as device_rng
-from ..nn.layers import Dropout
+from ..nn.layers import Dropout, seed_dropouts
 
 
 def randn(*shape, seed=0):
@@ -22,9 +21,5 @@ def seeded_dropout(module, seed=5):
     """A ``before_forward`` for ``gradient_check``: gives every Dropout in ``module``
     one generator, restarted before each forward, so that every forward of the check
     draws the same masks."""
-    def reseed():
-        generator = device_rng(seed)
-        for _, m in module.named_modules():
-            if isinstance(m, Dropout):
-                m.rng = generator
-    return reseed
+    dropouts = [m for _, m in module.named_modules() if isinstance(m, Dropout)]
+    return lambda: seed_dropouts(dropouts, seed)

@@ -25,6 +25,7 @@ from ..nn.layers import (
     Linear,
     PatchEmbed,
     PreLogits,
+    seed_dropouts,
 )
 from ..nn.module import Module, Parameter
 from .config import ViTConfig, preset_config
@@ -85,17 +86,12 @@ class ViT(Module):
     def seed_dropout(self, seed):
         """Give every Dropout layer with p > 0 one fresh generator, shared, of the
         kind its class draws from (``Dropout.generator``: on the active backend for
-        the reference, on the host for the GPU kernel's keys); ``seed`` is an int or
-        a tuple such as (seed, step)."""
+        the reference, on the host for the GPU kernel's keys; ``seed_dropouts``);
+        ``seed`` is an int or a tuple such as (seed, step)."""
         if self._dropouts is None:
             self._dropouts = tuple(m for _, m in self.named_modules()
                                    if isinstance(m, Dropout) and m.p > 0)
-        generators = {}
-        for module in self._dropouts:
-            make = module.generator
-            if make not in generators:
-                generators[make] = make(seed)
-            module.rng = generators[make]
+        seed_dropouts(self._dropouts, seed)
 
     # -- forward and backward ------------------------------------------------
 

@@ -299,6 +299,18 @@ class Dropout(Module):
         return dout if isinstance(mask, float) else dout * mask
 
 
+def seed_dropouts(dropouts, seed):
+    """Give each Dropout layer of ``dropouts`` a fresh generator seeded ``seed`` (an
+    int or a tuple such as (seed, step)), one shared by the layers of each kind of
+    generator their classes draw from (``Dropout.generator``)."""
+    generators = {}
+    for layer in dropouts:
+        make = layer.generator
+        if make not in generators:
+            generators[make] = make(seed)
+        layer.rng = generators[make]
+
+
 # ---------------------------------------------------------------------------
 # Multi-head self-attention
 # ---------------------------------------------------------------------------
