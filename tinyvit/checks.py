@@ -10,6 +10,16 @@ def check_fields(config, names, valid, expected):
             raise ValueError(f"{name} must be {expected}, got {value}")
 
 
+def check_label_range(labels, num_classes, where):
+    """A ValueError unless the integer ``labels`` (a non-empty array) are in
+    [0, num_classes). Reads their smallest and largest values: on a GPU, a wait
+    for the device."""
+    low, high = int(labels.min()), int(labels.max())
+    if low < 0 or high >= num_classes:
+        raise ValueError(f"{where}labels must be in [0, {num_classes - 1}] for {num_classes} "
+                         f"classes, got labels in [{low}, {high}]")
+
+
 def check_float(x, layer):
     """A ValueError unless ``x`` is an array of floats."""
     if x.dtype.kind != "f":

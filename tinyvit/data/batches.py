@@ -8,13 +8,14 @@ import numpy as np  # host-side: the order of an epoch
 
 from .. import backend
 from ..backend import to_device, xp
+from ..checks import check_label_range
 from ..nn.resample import resize_images
 
 
 def normalize(x, mean, std):
     """(x - mean) / std per channel, the input the models see: x (B, C, H, W) floats
-    in [0, 1] on the active backend; mean, std C values each (``dataset_info``), or
-    arrays (1, C, 1, 1) of x's dtype already on the device."""
+    in [0, 1] on the active backend; mean, std C values each (``dataset_info``), on
+    the host or already on the device."""
     shape = (1, x.shape[1], 1, 1)
     mean = to_device(mean, dtype=x.dtype).reshape(shape)
     std = to_device(std, dtype=x.dtype).reshape(shape)
@@ -68,18 +69,14 @@ class Batches:
                 f"and std {len(std)}"
             )
         if num_classes is not None and len(labels):
-            low, high = int(np.min(labels)), int(np.max(labels))  # on the host, once
-            if low < 0 or high >= num_classes:
-                raise ValueError(f"labels must be in [0, {num_classes - 1}] for {num_classes} "
-                                 f"classes, got labels in [{low}, {high}]")
+            check_label_range(np.asarray(labels), num_classes, "")  # on the host, once
         self.images = to_device(images)  # (N, C, H, W) uint8
         self.labels = to_device(labels, dtype=xp.int64)  # (N,)
         self.batch_size, self.shuffle, self.drop_last = batch_size, shuffle, drop_last
         self.seed, self.augment = seed, augment
         self.dtype = backend.get_default_dtype()
-        shape = (1, channels, 1, 1)
-        self.mean = to_device(np.asarray(mean).reshape(shape), dtype=self.dtype)
-        self.std = to_device(np.asarray(std).reshape(shape), dtype=self.dtype)
+        self.mean = to_device(mean, dtype=self.dtype)  # (C,), reshaped by normalize
+        self.std = to_device(std, dtype=self.dtype)
         self.image_size = image_size
 
     def __len__(self):

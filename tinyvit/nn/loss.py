@@ -1,6 +1,7 @@
 """Softmax cross-entropy, with label smoothing and soft (mixup/cutmix) targets."""
 
 from ..backend import xp
+from ..checks import check_label_range
 from .functional import log_softmax
 from .module import Module
 
@@ -80,13 +81,6 @@ class SoftmaxCrossEntropy(Module):
     def check_labels(self, target, num_classes):
         """A clear ValueError unless integer labels are in [0, num_classes): the one
         check that reads the labels' values (on a GPU, a wait for the device)."""
-        if xp.issubdtype(target.dtype, xp.floating):
-            return
-        K = num_classes
-        low, high = int(target.min()), int(target.max())
-        if low < 0 or high >= K:
-            raise ValueError(
-                f"SoftmaxCrossEntropy: labels must be in [0, {K - 1}] for {K} classes, "
-                f"got labels in [{low}, {high}]"
-            )
+        if not xp.issubdtype(target.dtype, xp.floating):
+            check_label_range(target, num_classes, "SoftmaxCrossEntropy: ")
 
