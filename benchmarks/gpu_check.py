@@ -3,10 +3,12 @@
 On a machine with one NVIDIA GPU, CuPy (cupy-cuda13x), PyTorch and pytest, from the
 repository's root (tinyvit need not be installed: every phase runs with this tree on
 PYTHONPATH), three commands of at most 9 minutes each (the phases' allowances below add
-up to that): the tests and the launch counts, the benchmarks, the training:
+up to that): the tests, the batch-128 benchmark and the launch counts; the batch-1024
+benchmark; the training:
 
-    python benchmarks/gpu_check.py --out OUT --phases environment gpu-tests fast-tests launches
-    python benchmarks/gpu_check.py --out OUT2 --phases environment benchmark-128 benchmark-1024
+    python benchmarks/gpu_check.py --out OUT --phases environment fast-tests benchmark-128 \\
+        launches gpu-tests
+    python benchmarks/gpu_check.py --out OUT2 --phases environment benchmark-1024
     python benchmarks/gpu_check.py --out OUT3 --data-dir data --phases environment cifar10
 
 and where there is no GPU, the same path on NumPy at tiny sizes (CI runs it):
@@ -16,13 +18,15 @@ and where there is no GPU, the same path on NumPy at tiny sizes (CI runs it):
 The phases, each a child process, in this order (``--phases`` picks some):
 
     environment     the GPU, its driver, CUDA, CuPy, NumPy, PyTorch, the processor
-    gpu-tests       python -m pytest -q -x -m gpu: every test of the suite run on CuPy
-    fast-tests      python -m pytest -q -x tests/test_fast.py: each fast kernel against
-                    its reference layer, on NumPy and CuPy
+    fast-tests      python -m pytest -q tests/test_fast.py: each fast kernel against its
+                    reference layer, on NumPy and CuPy
+    benchmark-128   benchmarks/benchmark.py --gpu --configs A,B,C --batch 128 (TF32 off
+                    in both frameworks)
     launches        benchmarks/launches.py: kernel launches per training step, the
                     reference tier against the fast tier (configs A, B, C at batch 128)
-    benchmark-128   benchmarks/benchmark.py --gpu --configs A,B,C --batch 128 (TF32 off
-    benchmark-1024  in both frameworks) and the same at batch 1024
+    gpu-tests       python -m pytest -q -m gpu: every test of the suite run on CuPy (in
+                    8 processes where pytest-xdist is installed)
+    benchmark-1024  benchmark-128's command at batch 1024
     cifar10         CUPY_TF32=1 python train_mnist.py --recipe cifar10-gpu --budget MINUTES,
                     MINUTES what the budget has left
 
@@ -59,6 +63,7 @@ file's, and that ``data/cifar-10/`` holds the files tinyvit.data reads.
 import argparse
 import dataclasses
 import hashlib
+import importlib.util
 import json
 import math
 import os
@@ -83,6 +88,7 @@ CIFAR_MARGIN_S = 30  # of the cifar10 phase's time: starting Python and CuPy, th
 THRESHOLDS = (0.85, 0.88, 0.90)  # test accuracies whose first elapsed seconds are recorded
 DRY_BATCH_DIVISOR = 16  # the dry run's benchmark batches: 128 / 16 and 1024 / 16
 PART_MIB = 59  # CIFAR-10's parts: two 30.7 MB batch files each, under a 64 MiB copy
+XDIST_WORKERS = 8  # the gpu tests' processes, which share the GPU
 UNSET_FOR_BENCHMARK = ("CUPY_TF32", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 
 
@@ -137,13 +143,15 @@ def environment_figures(args, log):
 
 
 def gpu_tests_command(args, timeout):
-    """The suite's gpu tests (on the dry run too: there they are collected and skipped)."""
-    return Command(["python", "-m", "pytest", "-q", "-x", "-m", "gpu"])
+    """The suite's gpu tests (on the dry run too: there they are collected and skipped),
+    in XDIST_WORKERS processes where pytest-xdist is installed."""
+    workers = ["-n", str(XDIST_WORKERS)] if importlib.util.find_spec("xdist") else []
+    return Command(["python", "-m", "pytest", "-q", "-m", "gpu", *workers])
 
 
 def fast_tests_command(args, timeout):
     numpy_only = ["-k", "not cupy"] if args.dry_run else []
-    return Command(["python", "-m", "pytest", "-q", "-x", "tests/test_fast.py", *numpy_only])
+    return Command(["python", "-m", "pytest", "-q", "tests/test_fast.py", *numpy_only])
 
 
 PYTEST_COUNT = re.compile(r"(\d+) (passed|failed|skipped|deselected|xfailed|xpassed|errors?)\b")
@@ -294,10 +302,10 @@ def evaluation_note(epochs, total):
 # cifar10 needs time for its first epoch, which compiles CuPy's kernels, and a few more.
 PHASES = [
     Phase("environment", 60, environment_command, environment_figures),
-    Phase("gpu-tests", 300, gpu_tests_command, pytest_figures),
     Phase("fast-tests", 90, fast_tests_command, pytest_figures),
-    Phase("launches", 60, launches_command, launches_figures),
     Phase("benchmark-128", 240, *benchmark(128)),
+    Phase("launches", 60, launches_command, launches_figures),
+    Phase("gpu-tests", 180, gpu_tests_command, pytest_figures),
     Phase("benchmark-1024", 240, *benchmark(1024)),
     Phase("cifar10", 150, cifar10_command, cifar10_figures, rest=True),
 ]

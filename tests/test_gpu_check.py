@@ -3,6 +3,7 @@ run end to end, the commands its GPU run would give, the budget that skips a pha
 not fit and kills one that runs past its time, the figures read from pytest and metrics.json,
 and CIFAR-10's files split into parts and joined back, a corrupted part refused."""
 
+import importlib.util
 import json
 import math
 import subprocess
@@ -17,10 +18,11 @@ from tinyvit import backend as B
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
-PHASE_NAMES = ["environment", "gpu-tests", "fast-tests", "launches", "benchmark-128",
+PHASE_NAMES = ["environment", "fast-tests", "benchmark-128", "launches", "gpu-tests",
                "benchmark-1024", "cifar10"]
 RECORD_KEYS = {"name", "command", "status", "reason", "exit_status", "seconds", "timeout_s",
                "log", "figures"}
+XDIST = " -n 8" if importlib.util.find_spec("xdist") else ""  # the gpu tests' processes
 CIFAR_BATCHES = [f"data_batch_{i}.bin" for i in range(1, 6)] + ["test_batch.bin"]
 
 
@@ -119,8 +121,8 @@ def test_the_gpu_run_gives_the_documented_commands(gpu_check, tmp_path):
     unset = "env -u CUPY_TF32 -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE"
     assert {name: str(command) for name, command in commands.items()} == {
         "environment": f"python benchmarks/gpu_check.py --environment {out}/environment.json",
-        "gpu-tests": "python -m pytest -q -x -m gpu",
-        "fast-tests": "python -m pytest -q -x tests/test_fast.py",
+        "gpu-tests": "python -m pytest -q -m gpu" + XDIST,
+        "fast-tests": "python -m pytest -q tests/test_fast.py",
         "launches": f"python benchmarks/launches.py --json {out}/launches.json",
         "benchmark-128": f"{unset} python benchmarks/benchmark.py --gpu --configs A,B,C "
                          f"--batch 128 --json {out}/benchmark-128.json",
