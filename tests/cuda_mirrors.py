@@ -9,6 +9,10 @@ import numpy as np
 from tinyvit.nn.functional import normal_cdf, normal_pdf
 
 
+def bias_grad(dy, db, rows, D):
+    db += dy.reshape(rows, D).sum(axis=0)
+
+
 def gelu_forward(x, y, n):
     y[...] = x * normal_cdf(x)
 
@@ -107,6 +111,34 @@ def softmax_backward(A, dA, dS, rows, N, scale):
     dS.reshape(rows, N)[...] = scale * a * (da - (da * a).sum(axis=1, keepdims=True))
 
 
+def heads(qkv, bias, N, NH, Dh):
+    """q, k, v (B, NH, N, Dh) from the qkv projection before its bias (B N, 3D)."""
+    return (qkv.reshape(-1, N, 3, NH, Dh) + bias.reshape(3, NH, Dh)).transpose(2, 0, 3, 1, 4)
+
+
+def merge(a, N, NH, Dh):
+    """(B, NH, N, Dh) -> (B N, NH Dh)"""
+    return a.transpose(0, 2, 1, 3).reshape(-1, NH * Dh)
+
+
+def attention_forward(qkv, bias, ctx, A, write_A, N, NH, Dh, scale):
+    q, k, v = heads(qkv, bias, N, NH, Dh)
+    a = np.empty(q.shape[:3] + (N,), dtype=q.dtype)
+    softmax_forward(q @ k.swapaxes(-1, -2), a, a.size // N, N, scale)
+    if write_A:
+        A[...] = a
+    ctx.reshape(-1, NH * Dh)[...] = merge(a @ v, N, NH, Dh)
+
+
+def attention_backward(qkv, bias, A, dctx, dS, dqkv, N, NH, Dh, scale):
+    q, k, v = heads(qkv, bias, N, NH, Dh)
+    dc = dctx.reshape(-1, N, NH, Dh).transpose(0, 2, 1, 3)  # (B, NH, N, Dh)
+    softmax_backward(A, dc @ v.swapaxes(-1, -2), dS, A.size // N, N, scale)
+    dq, dk, dv = dS @ k, dS.swapaxes(-1, -2) @ q, A.swapaxes(-1, -2) @ dc
+    grads = [merge(g, N, NH, Dh) for g in (dq, dk, dv)]
+    dqkv.reshape(-1, 3 * NH * Dh)[...] = np.concatenate(grads, axis=1)
+
+
 def cross_entropy_soft(z, t, loss_rows, grad, B, K):
     lse = np.log(np.exp(z - z.max(axis=1, keepdims=True)).sum(axis=1, keepdims=True)) \
         + z.max(axis=1, keepdims=True)
@@ -122,17 +154,19 @@ def cross_entropy_labels(z, labels, smoothing, loss_rows, grad, B, K):
     cross_entropy_soft(z, t, loss_rows, grad, B, K)
 
 
-def adamw_update(p, g, m, v, decay, n, lr, beta1, beta2, eps, weight_decay, bias1, bias2_sqrt):
+def adamw_update(p, g, m, v, decay, n, lr, beta1, one_minus_beta1, beta2, one_minus_beta2, eps,
+                 weight_decay, bias1, bias2_sqrt):
     p -= lr * weight_decay * decay * p
-    m[...] = beta1 * m + (1 - beta1) * g
-    v[...] = beta2 * v + (1 - beta2) * g * g
+    m[...] = beta1 * m + one_minus_beta1 * g
+    v[...] = beta2 * v + one_minus_beta2 * g * g
     p -= lr / bias1 * m / (np.sqrt(v) / bias2_sqrt + eps)
 
 
-MIRRORS = {f.__name__: f for f in (gelu_forward, gelu_backward, bias_gelu_forward,
+MIRRORS = {f.__name__: f for f in (bias_grad, gelu_forward, gelu_backward, bias_gelu_forward,
                                    bias_gelu_backward, dropout_apply, layernorm_forward,
                                    add_layernorm_forward, layernorm_backward_add,
                                    batchnorm_forward, batchnorm_eval, batchnorm_backward,
                                    layernorm_backward, layernorm_param_grads, softmax_forward,
-                                   softmax_backward, cross_entropy_soft, cross_entropy_labels,
+                                   softmax_backward, attention_forward, attention_backward,
+                                   cross_entropy_soft, cross_entropy_labels,
                                    adamw_update)}

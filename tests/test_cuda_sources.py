@@ -14,10 +14,9 @@ every GPU kernel class (shapes, dtypes, argument order, launch shapes) is right.
    checks the kernels themselves.
 """
 
-import re
-
 import numpy as np
 import pytest
+from cuda_on_cpu import compiler, cpu_kernel, signatures
 
 from conftest import jitter, output_shape, randn
 from cuda_mirrors import MIRRORS
@@ -30,15 +29,6 @@ from tinyvit.nn import conv, layers, loss, optim
 ARCHITECTURES = ("sm_80", "sm_90")
 DTYPES = ("float32", "float64")
 TOLERANCE = {"float64": 1e-12, "float32": 1e-5}
-
-
-def signatures(name):
-    """{function: [C parameter types]} of the ``extern "C" __global__`` functions of
-    kernels/<name>.cu."""
-    text = (cuda.KERNELS_DIR / f"{name}.cu").read_text()
-    found = re.findall(r'extern "C" __global__ void (\w+)\(([^)]*)\)', text)
-    return {function: [" ".join(p.split()[:-1]) for p in params.split(",")]
-            for function, params in found}
 
 
 def test_every_file_declares_the_functions_the_classes_launch():
@@ -78,6 +68,11 @@ def test_a_compile_error_names_the_file_and_its_line():
     assert not ok and f'gelu.cu({line}): error: identifier "w" is undefined' in log
 
 
+def test_the_fused_attention_holds_the_head_size_its_kernel_holds():
+    text = (cuda.KERNELS_DIR / "attention.cu").read_text()
+    assert f"#define MAX_HEAD_DIM {gpu.MAX_HEAD_DIM}\n" in text
+
+
 def test_only_float32_and_float64_are_compiled():
     with pytest.raises(ValueError, match="GPU kernels: expected float32 or float64 arrays, "
                                          "got float16"):
@@ -100,8 +95,9 @@ def check_argument(c_type, value, dtype, where):
         assert type(value) is expected, f"{where}: {type(value).__name__} for C {c_type}"
 
 
-def mirrored_kernel(name, function, dtype):
-    """A stand-in for ``compile.kernel``: checks each launch, then runs the mirror."""
+def checked_kernel(name, function, dtype, run):
+    """A stand-in for ``compile.kernel``: checks each launch, then ``run(grid, block,
+    args)`` does its work."""
     parameters = signatures(name)[function]
 
     def launch(grid, block, args):
@@ -110,9 +106,14 @@ def mirrored_kernel(name, function, dtype):
             check_argument(c_type, value, np.dtype(dtype), f"{function} argument {i}")
         assert all(g >= 1 for g in grid) and len(grid) <= 3 and grid[1:] <= (65535, 65535)
         assert np.prod(block) <= 1024 and np.prod(block) % 32 == 0
-        MIRRORS[function](*args)
+        run(grid, block, args)
 
     return launch
+
+
+def mirrored_kernel(name, function, dtype):
+    return checked_kernel(name, function, dtype,
+                          lambda grid, block, args: MIRRORS[function](*args))
 
 
 @pytest.fixture
@@ -123,13 +124,34 @@ def mirrored(monkeypatch):
         yield
 
 
+@pytest.fixture(params=["mirror", "cuda-c-on-cpu"])
+def launched(request, monkeypatch, tmp_path_factory):
+    """As ``mirrored``, each launch checked, then run by the kernel's NumPy mirror, or
+    by its own CUDA C compiled for the CPU (tests/cuda_on_cpu.py; skipped without a
+    C++ compiler)."""
+    if request.param == "mirror":
+        stand_in = mirrored_kernel
+    else:
+        if compiler() is None:
+            pytest.skip("needs a C++20 compiler (g++) to run the CUDA C on the CPU")
+        folder = tmp_path_factory.getbasetemp()
+
+        def stand_in(name, function, dtype):
+            return checked_kernel(name, function, dtype, cpu_kernel(name, function, dtype, folder))
+    monkeypatch.setattr(cuda, "kernel", stand_in)
+    with B.using_backend("numpy"), B.default_dtype("float64"):
+        yield
+
+
 LAYERS = {
+    gpu.Linear: (lambda: layers.Linear(6, 40, rng=B.host_rng(0)), [(3, 6), (2, 9, 6), (1, 300, 6)]),
     gpu.GELU: (lambda: layers.GELU(), [(3, 7), (2, 9, 33)]),
     gpu.MLP: (lambda: layers.MLP(6, 10, rng=B.host_rng(0)), [(3, 6), (2, 9, 6), (1, 1, 6)]),
     gpu.LayerNorm: (lambda: layers.LayerNorm(7), [(3, 7), (2, 9, 7), (1, 1, 7)]),
     gpu.Block: (lambda: layers.Block(6, 2, rng=B.host_rng(0)), [(2, 5, 6), (1, 17, 6)]),
     gpu.BatchNorm2d: (lambda: conv.BatchNorm2d(3), [(2, 3, 5, 7), (1, 3, 1, 3)]),
-    gpu.Attention: (lambda: layers.Attention(6, 3, rng=B.host_rng(0)), [(2, 5, 6), (1, 40, 6)]),
+    gpu.Attention: (lambda: layers.Attention(6, 3, rng=B.host_rng(0)),
+                    [(2, 5, 6), (1, 40, 6), (1, gpu.MAX_TOKENS + 1, 6)]),
     gpu.ClassAttention: (lambda: layers.ClassAttention(6, 2, rng=B.host_rng(0)),
                          [(2, 5, 6), (3, 1, 6)]),
 }
@@ -148,7 +170,7 @@ def training_pass(layer, x, dout):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("cls, shape", [(c, s) for c, (_, shapes) in LAYERS.items()
                                         for s in shapes], ids=str)
-def test_each_gpu_layer_launches_its_kernels_as_declared(mirrored, cls, shape, dtype):
+def test_each_gpu_layer_launches_its_kernels_as_declared(launched, cls, shape, dtype):
     make, _ = LAYERS[cls]
     reference = jitter(make()).astype(dtype)
     kernel = jitter(make()).astype(dtype)
@@ -161,6 +183,18 @@ def test_each_gpu_layer_launches_its_kernels_as_declared(mirrored, cls, shape, d
         assert ours.dtype == dtype and rel_err(ours, theirs) <= TOLERANCE[dtype]
     reference.eval(), kernel.eval()  # BatchNorm2d's running averages, updated by the pass
     assert rel_err(kernel.forward(x), reference.forward(x)) <= TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("head_dim, tokens", [(16, 33), (20, 7), (48, 65), (gpu.MAX_HEAD_DIM, 2)])
+def test_the_fused_attention_gives_the_reference_at_each_head_size(launched, head_dim, tokens):
+    """Each of attention.cu's head sizes (registers for 16, 32 and 64 values), heads
+    shorter than their registers, and sequences of one warp and of several."""
+    reference = jitter(layers.Attention(2 * head_dim, 2, rng=B.host_rng(0)))
+    kernel = jitter(layers.Attention(2 * head_dim, 2, rng=B.host_rng(0)))
+    kernel.__class__ = gpu.Attention
+    x, dout = randn(2, tokens, 2 * head_dim), randn(2, tokens, 2 * head_dim, seed=1)
+    for ours, theirs in zip(training_pass(kernel, x, dout), training_pass(reference, x, dout)):
+        assert rel_err(ours, theirs) <= TOLERANCE["float64"]
 
 
 def test_layernorm_names_an_input_it_cannot_read(mirrored):
@@ -181,7 +215,7 @@ def test_batchnorm_names_an_input_it_cannot_read(mirrored):
 
 @pytest.mark.parametrize("target", ["labels", "soft"])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_the_gpu_loss_launches_its_kernel_as_declared(mirrored, target, dtype):
+def test_the_gpu_loss_launches_its_kernel_as_declared(launched, target, dtype):
     z = (3 * randn(6, 5)).astype(dtype)
     labels = np.array([0, 4, 2, 2, 1, 3])
     t = labels if target == "labels" else np.full((6, 5), 0.2, dtype=dtype)
@@ -192,7 +226,7 @@ def test_the_gpu_loss_launches_its_kernel_as_declared(mirrored, target, dtype):
         assert rel_err(kernel.backward(dout), reference.backward(dout)) <= TOLERANCE[dtype]
 
 
-def test_the_gpu_loss_gives_nan_for_a_label_out_of_range_and_reads_none(mirrored, monkeypatch):
+def test_the_gpu_loss_gives_nan_for_a_label_out_of_range_and_reads_none(launched, monkeypatch):
     def unread(*args):
         raise AssertionError("the GPU loss read the labels")
     monkeypatch.setattr(loss.SoftmaxCrossEntropy, "check_labels", unread)
@@ -204,7 +238,7 @@ def test_the_gpu_loss_gives_nan_for_a_label_out_of_range_and_reads_none(mirrored
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_the_gpu_adamw_launches_its_kernel_as_declared(mirrored, dtype):
+def test_the_gpu_adamw_launches_its_kernel_as_declared(launched, dtype):
     models = [jitter(layers.LayerNorm(9)).astype(dtype) for _ in range(2)]
     reference, kernel = (optim.AdamW(m, lr=0.1, weight_decay=0.05) for m in models)
     kernel.__class__ = gpu.AdamW
@@ -214,7 +248,8 @@ def test_the_gpu_adamw_launches_its_kernel_as_declared(mirrored, dtype):
             model.bias.grad[...] = randn(9, seed=step + 10).astype(dtype)
         reference.step()
         kernel.step()
-    assert rel_err(kernel.data, reference.data) <= TOLERANCE[dtype]
+    for name in ("data", "m", "v"):
+        assert rel_err(getattr(kernel, name), getattr(reference, name)) <= TOLERANCE[dtype], name
 
 
 def gpu_dropout(p, seed=0):
@@ -224,7 +259,7 @@ def gpu_dropout(p, seed=0):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_the_gpu_dropout_draws_a_mask_and_its_backward_draws_it_again(mirrored, dtype):
+def test_the_gpu_dropout_draws_a_mask_and_its_backward_draws_it_again(launched, dtype):
     """Kept values scaled by 1/(1-p), about 1-p of them; the backward scales the
     same entries; the next forward draws a new mask; eval mode is the identity."""
     layer, x = gpu_dropout(0.3), randn(20, 501).astype(dtype) + 3  # no zero in x
@@ -240,7 +275,7 @@ def test_the_gpu_dropout_draws_a_mask_and_its_backward_draws_it_again(mirrored, 
     assert layer.forward(x) is x and layer.backward(dout) is dout
 
 
-def test_the_gpu_dropout_mask_is_the_key_s_alone(mirrored):
+def test_the_gpu_dropout_mask_is_the_key_s_alone(launched):
     """Two layers seeded alike draw the same masks, whatever their inputs."""
     a, b = gpu_dropout(0.5, seed=7), gpu_dropout(0.5, seed=7)
     assert np.array_equal(a.forward(randn(9, 13)) != 0, b.forward(randn(9, 13, seed=2)) != 0)

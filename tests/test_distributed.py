@@ -46,6 +46,10 @@ HYBRID = '{"embed_dim": 16, "depth": 1, "num_heads": 2, "stem": [[4, 3, 2], [8, 
          '"patch_size": 1}'
 
 
+# Open MPI's mpiexec refuses to run as root without these (MPICH's ignores them)
+OPEN_MPI_AS_ROOT = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+
+
 def launch(processes, *args, **popen):
     """``tests/mpi_fit.py`` with ``args``: in this interpreter (processes=1) or
     under ``mpiexec -n processes``."""
@@ -53,7 +57,8 @@ def launch(processes, *args, **popen):
     if processes > 1:
         command = [MPIEXEC, "-n", str(processes), *command]
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=Path(__file__).parent, **popen)
+                            cwd=Path(__file__).parent, env={**os.environ, **OPEN_MPI_AS_ROOT},
+                            **popen)
 
 
 def run(processes, *args):

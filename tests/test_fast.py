@@ -23,7 +23,8 @@ TOLERANCE = {np.float64: 1e-12, np.float32: 1e-5}
 
 # how to build each layer that may have a fast kernel, and its input shapes
 CASES = {
-    layers.Linear: (lambda: layers.Linear(7, 5, rng=B.host_rng(0)), [(3, 7), (2, 9, 7), (1, 7)]),
+    layers.Linear: (lambda: layers.Linear(7, 5, rng=B.host_rng(0)),
+                    [(3, 7), (2, 9, 7), (1, 7), (4, 300, 7)]),
     layers.LayerNorm: (lambda: layers.LayerNorm(7), [(3, 7), (2, 9, 7), (1, 1, 7)]),
     layers.GELU: (lambda: layers.GELU(), [(3, 7), (2, 9, 33), (5, 300, 301)]),
     layers.MLP: (lambda: layers.MLP(6, 10, rng=B.host_rng(0)), [(3, 6), (2, 9, 6), (1, 1, 6)]),
@@ -109,6 +110,19 @@ def test_fast_loss_equals_reference(backend, target, dtype):
     for dout in (1.0, 0.25):
         assert rel_err(kernel.forward(z, t), reference.forward(z, t)) <= TOLERANCE[dtype]
         assert rel_err(kernel.backward(dout), reference.backward(dout)) <= TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("head_dim, tokens", [(16, 33), (20, 7), (48, 65), (64, 2), (8, 129)])
+def test_fast_attention_at_each_head_size_equals_reference(backend, head_dim, tokens, dtype):
+    """Heads of 16, 20, 48 and 64 values (the GPU kernel's registers hold 16, 32 or
+    64), one warp of tokens and several, and past the fused kernel's 128 tokens."""
+    def make():
+        return jitter(layers.Attention(2 * head_dim, 2, rng=B.host_rng(0))).astype(dtype)
+    x = randn(2, tokens, 2 * head_dim).astype(dtype)
+    dout = randn(2, tokens, 2 * head_dim, seed=1).astype(dtype)
+    for ours, theirs in zip(run(fast.accelerate(make()), x, dout), run(make(), x, dout)):
+        assert rel_err(ours, theirs) <= TOLERANCE[dtype]
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])

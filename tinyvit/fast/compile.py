@@ -7,12 +7,13 @@ reductions and indexes every file uses), then the file, each part preceded by a
 ``tests/test_cuda_sources.py`` compiles every file with NVRTC for the GPUs it
 targets on machines without one.
 
-Two launch shapes:
+The launch shapes:
 - elementwise (``launch_elementwise``): blocks of THREADS threads, each thread
   taking every stride-th value of the array (a grid-stride loop), the grid at
   most MAX_BLOCKS blocks;
 - rows (``launch_rows``): one warp of 32 threads per row, THREADS / 32 rows a block;
-- channels (``launch_channels``): one block of THREADS threads per channel.
+- channels (``launch_channels``): one block of THREADS threads per channel;
+- heads (``launch_heads``): one block per (image, head), a thread per token.
 """
 
 import functools
@@ -24,18 +25,20 @@ KERNELS_DIR = Path(__file__).with_name("kernels")
 C_TYPES = {"float32": "float", "float64": "double"}
 # each file's kernels, by the names its ``extern "C" __global__`` functions have
 FUNCTIONS = {
+    "linear": ("bias_grad",),
     "gelu": ("gelu_forward", "gelu_backward", "bias_gelu_forward", "bias_gelu_backward"),
     "dropout": ("dropout_apply",),
     "batchnorm": ("batchnorm_forward", "batchnorm_eval", "batchnorm_backward"),
     "layernorm": ("layernorm_forward", "add_layernorm_forward", "layernorm_backward",
                   "layernorm_backward_add", "layernorm_param_grads"),
     "softmax": ("softmax_forward", "softmax_backward"),
+    "attention": ("attention_forward", "attention_backward"),
     "cross_entropy": ("cross_entropy_soft", "cross_entropy_labels"),
     "adamw": ("adamw_update",),
 }
 THREADS = 256  # per block
 MAX_BLOCKS = 4096  # an elementwise grid's largest: enough blocks to fill any current GPU
-COLUMN_ROWS = 8  # layernorm_param_grads: the rows of threads in a block (its COLUMN_ROWS)
+COLUMN_ROWS = 8  # the column kernels': the rows of threads in a block (their COLUMN_ROWS)
 
 
 def source(name, dtype):
@@ -88,7 +91,14 @@ def launch_channels(name, function, channels, args, dtype):
 
 
 def launch_columns(name, function, rows, columns, args, dtype):
-    """Run a column kernel (``layernorm_param_grads``): 32 columns a block, and enough
-    blocks down the rows that each of its threads sums about COLUMN_ROWS * 32 rows."""
+    """Run a column kernel (``bias_grad``, ``layernorm_param_grads``): 32 columns a
+    block, and enough blocks down the rows that each of its threads sums about
+    COLUMN_ROWS * 32 rows."""
     down = min(max(1, -(-rows // (COLUMN_ROWS * 32))), MAX_BLOCKS)
     kernel(name, function, dtype)((-(-columns // 32), down), (32, COLUMN_ROWS), args)
+
+
+def launch_heads(name, function, blocks, tokens, args, dtype):
+    """Run a head kernel (``attention.cu``): one block per (image, head), a thread per
+    token (whole warps of them)."""
+    kernel(name, function, dtype)((blocks,), (32 * -(-tokens // 32),), args)

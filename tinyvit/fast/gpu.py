@@ -16,12 +16,15 @@ work of its forward and backward in one or two kernels of ``kernels/*.cu``
   for the gamma and beta gradients (a reduction down the columns);
 - ``Block``: the residual adds inside the LayerNorms' kernels, where they fit;
 - ``BatchNorm2d`` (the hybrid's stem): one launch each way, a block per channel;
-- ``Attention``, ``ClassAttention``: the softmax with the 1/sqrt(Dh) scale folded
-  in, forward and backward one launch each; the matmuls are CuPy's (cuBLAS);
+- ``Attention``: up to 128 tokens, the heads' whole attention in one launch each
+  way, from the qkv projection before its bias to the merged heads (the bias,
+  the split into heads, the scores, the softmax, A v and the merge), and back;
+- ``ClassAttention``, and ``Attention`` past 128 tokens: the softmax with the
+  1/sqrt(Dh) scale folded in, one launch each way; the matmuls are CuPy's (cuBLAS);
 - ``SoftmaxCrossEntropy``: the loss and its gradient in one launch;
 - ``AdamW``: the whole update of the flat parameter buffer in one launch;
-- ``Linear``: the reference, its column sums as a matrix-vector product ones^T a,
-  which reads whole rows (CuPy's reduction down the columns reads each strided).
+- ``Linear``: the reference, its bias gradient (a sum down the columns) in one
+  launch.
 
 ``tests/test_fast.py`` checks every class here against its reference on a GPU;
 ``tests/test_cuda_sources.py`` compiles every kernel without one.
@@ -30,16 +33,18 @@ work of its forward and backward in one or two kernels of ``kernels/*.cu``
 from ..backend import host_rng, xp
 from ..checks import check_float, check_images
 from ..nn import conv, layers, loss, optim
-from .compile import launch_channels, launch_columns, launch_elementwise, launch_rows, scalars
+from .compile import (
+    launch_channels,
+    launch_columns,
+    launch_elementwise,
+    launch_heads,
+    launch_rows,
+    scalars,
+)
 from .cpu import FastKernel
 
-
-def column_sum(a, b=None):
-    """sum of a (or of a * b) over every axis but the last: (..., D) -> (D,)."""
-    a = a.reshape(-1, a.shape[-1])
-    if b is not None:
-        a = a * b.reshape(-1, b.shape[-1])  # (M, D)
-    return xp.ones(a.shape[0], dtype=a.dtype) @ a
+MAX_TOKENS = 128  # the fused attention's longest sequence: a block's threads, one per token
+MAX_HEAD_DIM = 64  # and its largest head, held in a thread's registers (kernels/attention.cu)
 
 
 def check_rows(x, weight, layer):
@@ -51,7 +56,19 @@ def check_rows(x, weight, layer):
 
 
 class Linear(FastKernel, layers.Linear):
-    column_sum = staticmethod(column_sum)
+    """The reference Linear; its backward adds the bias gradient, a sum down the
+    rows of dy, in one launch (kernels/linear.cu) where a matrix-vector product
+    takes three (a vector of ones, the product, the add)."""
+
+    def backward(self, dout):
+        x2 = self._take_cache()
+        dout2 = xp.ascontiguousarray(dout).reshape(-1, self.out_features)  # (M, out)
+        self.weight.grad += dout2.T @ x2
+        if self.bias is not None:
+            M, D = dout2.shape
+            launch_columns("linear", "bias_grad", M, D,
+                           (dout2, self.bias.grad, xp.int64(M), xp.int32(D)), dout2.dtype)
+        return (dout2 @ self.weight.data).reshape(*dout.shape[:-1], self.in_features)
 
 
 class GELU(FastKernel, layers.GELU):
@@ -305,7 +322,48 @@ class FastAttentionCore(FastKernel):
 
 
 class Attention(FastAttentionCore, layers.Attention):
-    pass
+    """Attention in one kernel each way where it fits (kernels/attention.cu): a block
+    per (image, head) takes the qkv projection before its bias and gives the heads'
+    merged output, the bias, the split into heads, S, the softmax, A v and the merge
+    in one launch; backward, one launch from the merged output's gradient to the qkv
+    projection's. It fits up to MAX_TOKENS tokens and MAX_HEAD_DIM values a head,
+    with a qkv bias and no attention dropout in training; otherwise it runs the
+    heads as ``FastAttentionCore`` does. The cache is the projection before its
+    bias and A (B, NH, N, N)."""
+
+    def fits(self, tokens):
+        return (tokens <= MAX_TOKENS and self.head_dim <= MAX_HEAD_DIM
+                and self.qkv.bias is not None and not (self.training and self.attn_drop.p))
+
+    def forward(self, x):
+        if x.ndim != 3 or not self.fits(x.shape[1]):
+            return super().forward(x)
+        qkv = self.qkv
+        check_rows(x, qkv.weight.data[0], "Attention")
+        B_, N, D = x.shape
+        x2 = xp.ascontiguousarray(x).reshape(-1, D)  # (B N, D)
+        u = x2 @ qkv.weight.data.T  # (B N, 3D): the qkv projection before its bias
+        ctx = xp.empty((B_, N, D), dtype=x.dtype)  # the heads' outputs, merged
+        keep = self.training or self.keep_attn
+        A = xp.empty((B_, self.num_heads, N, N) if keep else 1, dtype=x.dtype)
+        args = (u, qkv.bias.data, ctx, A, xp.int32(keep), xp.int32(N), xp.int32(self.num_heads),
+                xp.int32(self.head_dim), *scalars(x.dtype, self.scale))
+        launch_heads("attention", "attention_forward", B_ * self.num_heads, N, args, x.dtype)
+        self.attn = A if self.keep_attn else None
+        qkv.cache, self.cache = (x2, (u, A)) if self.training else (None, None)
+        return self.proj_drop.forward(self.proj.forward(ctx))
+
+    def backward(self, dout):
+        if not self.fits(dout.shape[1]):
+            return super().backward(dout)
+        u, A = self._take_cache()
+        dctx = xp.ascontiguousarray(self.proj.backward(self.proj_drop.backward(dout)))
+        dS, du = xp.empty_like(A), xp.empty_like(u)  # (B, NH, N, N), (B N, 3D)
+        args = (u, self.qkv.bias.data, A, dctx, dS, du, xp.int32(dout.shape[1]),
+                xp.int32(self.num_heads), xp.int32(self.head_dim), *scalars(u.dtype, self.scale))
+        launch_heads("attention", "attention_backward", A.shape[0] * self.num_heads,
+                     dout.shape[1], args, u.dtype)
+        return self.qkv.backward(du).reshape(dout.shape)
 
 
 class ClassAttention(FastAttentionCore, layers.ClassAttention):
@@ -349,8 +407,9 @@ class AdamW(FastKernel, optim.AdamW):
     def _update(self, lr):
         dtype = self.data.dtype
         args = (self.data, self.grad, self.m, self.v, self.decay, xp.int64(self.data.size),
-                *scalars(dtype, lr, self.beta1, self.beta2, self.eps, self.weight_decay,
-                         1 - self.beta1**self.t, (1 - self.beta2**self.t) ** 0.5))
+                *scalars(dtype, lr, self.beta1, 1 - self.beta1, self.beta2, 1 - self.beta2,
+                         self.eps, self.weight_decay, 1 - self.beta1**self.t,
+                         (1 - self.beta2**self.t) ** 0.5))
         launch_elementwise("adamw", "adamw_update", self.data.size, args, dtype)
 
 

@@ -3,14 +3,16 @@
 //     p -= lr weight_decay decay p                 (decay: 1 where a parameter decays, else 0)
 //     m = beta1 m + (1 - beta1) g,   v = beta2 v + (1 - beta2) g^2
 //     p -= lr / bias1 * m / (sqrt(v) / bias2_sqrt + eps)
-// with bias1 = 1 - beta1^t and bias2_sqrt = sqrt(1 - beta2^t), t the step count.
+// with bias1 = 1 - beta1^t and bias2_sqrt = sqrt(1 - beta2^t), t the step count. Every
+// constant comes computed in double: 1 - beta2 in float, 1 - 0.999f, has lost 4 digits.
 extern "C" __global__ void adamw_update(T* p, const T* g, T* m, T* v, const T* decay, long n,
-                                        T lr, T beta1, T beta2, T eps, T weight_decay,
-                                        T bias1, T bias2_sqrt) {
+                                        T lr, T beta1, T one_minus_beta1, T beta2,
+                                        T one_minus_beta2, T eps, T weight_decay, T bias1,
+                                        T bias2_sqrt) {
     for (long i = first_index(); i < n; i += grid_stride()) {
         T w = p[i] - lr * weight_decay * decay[i] * p[i];
-        T mi = beta1 * m[i] + ((T)1 - beta1) * g[i];
-        T vi = beta2 * v[i] + ((T)1 - beta2) * g[i] * g[i];
+        T mi = beta1 * m[i] + one_minus_beta1 * g[i];
+        T vi = beta2 * v[i] + one_minus_beta2 * g[i] * g[i];
         m[i] = mi;
         v[i] = vi;
         p[i] = w - lr / bias1 * mi / (sqrt(vi) / bias2_sqrt + eps);

@@ -1,0 +1,153 @@
+"""The CUDA C of ``tinyvit/fast/kernels`` run on the CPU, to test the kernels' own
+code on machines without a GPU.
+
+Each kernel file is compiled by the C++ compiler (g++, C++20) after ``GPU_ON_CPU``, a
+header that plays the GPU's part: a thread of the operating system per CUDA thread,
+one block after another; a block's threads meet at ``__syncthreads`` (a barrier), a
+warp's 32 at each shuffle (a barrier and a slot per thread); ``__shared__`` memory is
+a static array, which the block running has to itself; ``atomicAdd`` takes a lock.
+After the file, a C function ``launch_NAME(grid, block, arguments)`` per kernel runs
+it over the grid. It is slow (a thread per CUDA thread) and meant for small sizes; it
+checks what a kernel computes, not how fast, nor what only a GPU would catch (memory
+out of bounds, a race that the barriers here happen to order).
+"""
+
+import ctypes
+import functools
+import re
+import shutil
+import subprocess
+
+from tinyvit.fast import compile as cuda
+
+GPU_ON_CPU = r"""
+#include <algorithm>
+#include <barrier>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+using std::erf, std::exp, std::log, std::max, std::min, std::nan, std::sqrt;
+
+struct Index { unsigned x = 0, y = 0, z = 0; };
+thread_local Index threadIdx, blockIdx;
+Index blockDim, gridDim;
+
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __shared__ static  // one block runs at a time
+static std::unique_ptr<std::barrier<>> block_barrier;
+static std::vector<std::unique_ptr<std::barrier<>>> warp_barriers;
+static unsigned long long warp_slots[1024];
+static std::mutex atomic_lock;
+#define __syncthreads() block_barrier->arrive_and_wait()
+
+inline unsigned thread_rank() {
+    return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+}
+
+// v of the lane `offset` away in the butterfly, after every lane of the warp has written its own
+template <class V> V __shfl_xor_sync(unsigned, V v, int offset) {
+    unsigned t = thread_rank();
+    std::memcpy(&warp_slots[t], &v, sizeof v);
+    warp_barriers[t / 32]->arrive_and_wait();
+    V other;
+    std::memcpy(&other, &warp_slots[t ^ offset], sizeof other);
+    warp_barriers[t / 32]->arrive_and_wait();  // read before the slots are written again
+    return other;
+}
+
+template <class V> V atomicAdd(V* address, V v) {
+    std::lock_guard<std::mutex> hold(atomic_lock);
+    V old = *address;
+    *address = old + v;
+    return old;
+}
+
+template <class Kernel> void run_grid(Index grid, Index block, Kernel kernel) {
+    gridDim = grid, blockDim = block;
+    unsigned threads = block.x * block.y * block.z;
+    for (unsigned z = 0; z < grid.z; z++) for (unsigned y = 0; y < grid.y; y++)
+    for (unsigned x = 0; x < grid.x; x++) {
+        block_barrier = std::make_unique<std::barrier<>>(threads);
+        warp_barriers.clear();
+        for (unsigned w = 0; w < threads / 32; w++)
+            warp_barriers.push_back(std::make_unique<std::barrier<>>(32));
+        std::vector<std::thread> pool;
+        for (unsigned t = 0; t < threads; t++)
+            pool.emplace_back([=] {
+                blockIdx = Index{x, y, z};
+                threadIdx = Index{t % block.x, t / block.x % block.y, t / (block.x * block.y)};
+                kernel();
+            });
+        for (auto& thread : pool) thread.join();
+    }
+}
+"""
+
+C_TYPES = {"T": None, "long": ctypes.c_long, "int": ctypes.c_int, "double": ctypes.c_double,
+           "unsigned long long": ctypes.c_ulonglong}
+FLOATS = {"float32": ctypes.c_float, "float64": ctypes.c_double}
+
+
+def signatures(name):
+    """{function: [C parameter types]} of the ``extern "C" __global__`` functions of
+    kernels/<name>.cu."""
+    text = (cuda.KERNELS_DIR / f"{name}.cu").read_text()
+    found = re.findall(r'extern "C" __global__ void (\w+)\(([^)]*)\)', text)
+    return {function: [" ".join(p.split()[:-1]) for p in params.split(",")]
+            for function, params in found}
+
+
+def compiler():
+    """The C++ compiler's path, or None."""
+    return shutil.which("g++")
+
+
+def launcher(function, parameters):
+    """The C of ``launch_<function>``: the grid, the block, then the kernel's parameters."""
+    declared = ", ".join(f"{p} a{i}" for i, p in enumerate(parameters))
+    passed = ", ".join(f"a{i}" for i in range(len(parameters)))
+    return (f'extern "C" void launch_{function}(unsigned gx, unsigned gy, unsigned gz, '
+            f"unsigned bx, unsigned by, unsigned bz, {declared}) {{\n"
+            f"    run_grid(Index{{gx, gy, gz}}, Index{{bx, by, bz}},\n"
+            f"             [=] {{ {function}({passed}); }});\n"
+            "}\n")
+
+
+@functools.cache
+def library(name, dtype, folder):
+    """kernels/<name>.cu for ``dtype`` compiled for the CPU into ``folder``, loaded."""
+    code = GPU_ON_CPU + cuda.source(name, dtype) + "\n" + "".join(
+        launcher(f, p) for f, p in signatures(name).items())
+    path = folder / f"{name}_{dtype}.so"
+    result = subprocess.run([compiler(), "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread",
+                             "-x", "c++", "-", "-o", str(path)], input=code, text=True,
+                            capture_output=True)
+    if result.returncode:
+        raise RuntimeError(f"kernels/{name}.cu for {dtype} on the CPU:\n{result.stderr}")
+    return ctypes.CDLL(str(path))
+
+
+def c_value(c_type, value, dtype):
+    """``value`` as ctypes passes it for a parameter of C type ``c_type``."""
+    t = c_type.replace("const ", "")
+    if t.endswith("*"):
+        return ctypes.c_void_p(value.ctypes.data)
+    return (FLOATS[dtype] if t == "T" else C_TYPES[t])(value.item())
+
+
+def cpu_kernel(name, function, dtype, folder):
+    """A stand-in for a compiled kernel: ``(grid, block, args)`` runs its CUDA C here."""
+    parameters = signatures(name)[function]
+    run = getattr(library(name, str(dtype), folder), f"launch_{function}")
+
+    def launch(grid, block, args):
+        grid, block = (tuple(grid) + (1, 1))[:3], (tuple(block) + (1, 1))[:3]
+        run(*(ctypes.c_uint(n) for n in grid + block),
+            *(c_value(p, a, str(dtype)) for p, a in zip(parameters, args)))
+
+    return launch

@@ -1,0 +1,23 @@
+// The bias gradient of a Linear (tinyvit.nn.layers.Linear): db += the sum of dy (rows x D)
+// down its rows, one launch where a matrix-vector product would take three (a vector of
+// ones, the product, the add). A block is 32 columns by COLUMN_ROWS rows of threads, as
+// layernorm_param_grads: its threads walk down the rows COLUMN_ROWS * gridDim.y apart, the
+// partial sums of a column meet in shared memory, and each block adds its sum atomically
+// (so the order of the additions, and the last bits, vary run to run).
+#define COLUMN_ROWS 8
+
+extern "C" __global__ void bias_grad(const T* dy, T* db, long rows, int D) {
+    __shared__ T part[COLUMN_ROWS][32];
+    int j = blockIdx.x * 32 + threadIdx.x;
+    T sum = 0;
+    if (j < D)
+        for (long r = blockIdx.y * (long)COLUMN_ROWS + threadIdx.y; r < rows;
+             r += (long)COLUMN_ROWS * gridDim.y)
+            sum += dy[r * D + j];
+    part[threadIdx.y][threadIdx.x] = sum;
+    __syncthreads();
+    if (threadIdx.y == 0 && j < D) {
+        for (int k = 1; k < COLUMN_ROWS; k++) sum += part[k][threadIdx.x];
+        atomicAdd(db + j, sum);
+    }
+}
