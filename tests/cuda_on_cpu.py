@@ -5,7 +5,8 @@ Each kernel file is compiled by the C++ compiler (g++, C++20) after ``GPU_ON_CPU
 header that plays the GPU's part: a thread of the operating system per CUDA thread,
 one block after another; a block's threads meet at ``__syncthreads`` (a barrier), a
 warp's 32 at each shuffle (a barrier and a slot per thread); ``__shared__`` memory is
-a static array, which the block running has to itself; ``atomicAdd`` takes a lock.
+a static array, which the block running has to itself (``extern __shared__``, the
+memory a launch sizes, is SHARED_BYTES); ``atomicAdd`` takes a lock.
 After the file, a C function ``launch_NAME(grid, block, arguments)`` per kernel runs
 it over the grid. It is slow (a thread per CUDA thread) and meant for small sizes; it
 checks what a kernel computes, not how fast, nor what only a GPU would catch (memory
@@ -60,6 +61,13 @@ template <class V> V __shfl_xor_sync(unsigned, V v, int offset) {
     return other;
 }
 
+// v of lane `source`
+template <class V> V __shfl_sync(unsigned mask, V v, int source) {
+    return __shfl_xor_sync(mask, v, (thread_rank() % 32) ^ source);
+}
+
+#define __syncwarp() warp_barriers[thread_rank() / 32]->arrive_and_wait()
+
 template <class V> V atomicAdd(V* address, V v) {
     std::lock_guard<std::mutex> hold(atomic_lock);
     V old = *address;
@@ -88,6 +96,7 @@ template <class Kernel> void run_grid(Index grid, Index block, Kernel kernel) {
 }
 """
 
+SHARED_BYTES = 1 << 18
 C_TYPES = {"T": None, "long": ctypes.c_long, "int": ctypes.c_int, "double": ctypes.c_double,
            "unsigned long long": ctypes.c_ulonglong}
 FLOATS = {"float32": ctypes.c_float, "float64": ctypes.c_double}
@@ -121,7 +130,10 @@ def launcher(function, parameters):
 @functools.cache
 def library(name, dtype, folder):
     """kernels/<name>.cu for ``dtype`` compiled for the CPU into ``folder``, loaded."""
-    code = GPU_ON_CPU + cuda.source(name, dtype) + "\n" + "".join(
+    source = re.sub(r"extern __shared__ ([\w ]+) (\w+)\[\];",
+                    rf"static \1 \2[{SHARED_BYTES}] __attribute__((aligned(16)));",
+                    cuda.source(name, dtype))
+    code = GPU_ON_CPU + source + "\n" + "".join(
         launcher(f, p) for f, p in signatures(name).items())
     path = folder / f"{name}_{dtype}.so"
     result = subprocess.run([compiler(), "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread",
@@ -145,7 +157,8 @@ def cpu_kernel(name, function, dtype, folder):
     parameters = signatures(name)[function]
     run = getattr(library(name, str(dtype), folder), f"launch_{function}")
 
-    def launch(grid, block, args):
+    def launch(grid, block, args, shared_mem=0):
+        assert shared_mem <= SHARED_BYTES
         grid, block = (tuple(grid) + (1, 1))[:3], (tuple(block) + (1, 1))[:3]
         run(*(ctypes.c_uint(n) for n in grid + block),
             *(c_value(p, a, str(dtype)) for p, a in zip(parameters, args)))

@@ -68,9 +68,10 @@ def test_a_compile_error_names_the_file_and_its_line():
     assert not ok and f'gelu.cu({line}): error: identifier "w" is undefined' in log
 
 
-def test_the_fused_attention_holds_the_head_size_its_kernel_holds():
+def test_the_fused_attention_has_the_limits_its_kernel_has():
     text = (cuda.KERNELS_DIR / "attention.cu").read_text()
-    assert f"#define MAX_HEAD_DIM {gpu.MAX_HEAD_DIM}\n" in text
+    for name in ("MAX_TOKENS", "MAX_HEAD_DIM", "WARPS"):
+        assert f"#define {name} {getattr(gpu, name)}\n" in text
 
 
 def test_only_float32_and_float64_are_compiled():
@@ -100,20 +101,21 @@ def checked_kernel(name, function, dtype, run):
     args)`` does its work."""
     parameters = signatures(name)[function]
 
-    def launch(grid, block, args):
+    def launch(grid, block, args, shared_mem=0):
         assert len(args) == len(parameters), f"{function}: {len(args)} arguments"
         for i, (c_type, value) in enumerate(zip(parameters, args)):
             check_argument(c_type, value, np.dtype(dtype), f"{function} argument {i}")
         assert all(g >= 1 for g in grid) and len(grid) <= 3 and grid[1:] <= (65535, 65535)
         assert np.prod(block) <= 1024 and np.prod(block) % 32 == 0
-        run(grid, block, args)
+        assert 0 <= shared_mem <= gpu.SHARED_BYTES
+        run(grid, block, args, shared_mem)
 
     return launch
 
 
 def mirrored_kernel(name, function, dtype):
     return checked_kernel(name, function, dtype,
-                          lambda grid, block, args: MIRRORS[function](*args))
+                          lambda grid, block, args, shared_mem: MIRRORS[function](*args))
 
 
 @pytest.fixture
@@ -185,16 +187,20 @@ def test_each_gpu_layer_launches_its_kernels_as_declared(launched, cls, shape, d
     assert rel_err(kernel.forward(x), reference.forward(x)) <= TOLERANCE[dtype]
 
 
-@pytest.mark.parametrize("head_dim, tokens", [(16, 33), (20, 7), (48, 65), (gpu.MAX_HEAD_DIM, 2)])
-def test_the_fused_attention_gives_the_reference_at_each_head_size(launched, head_dim, tokens):
-    """Each of attention.cu's head sizes (registers for 16, 32 and 64 values), heads
-    shorter than their registers, and sequences of one warp and of several."""
-    reference = jitter(layers.Attention(2 * head_dim, 2, rng=B.host_rng(0)))
-    kernel = jitter(layers.Attention(2 * head_dim, 2, rng=B.host_rng(0)))
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim, tokens", [(16, 33), (20, 7), (48, 65), (gpu.MAX_HEAD_DIM, 2),
+                                              (8, gpu.MAX_TOKENS)])
+def test_the_fused_attention_gives_the_reference(launched, head_dim, tokens, dtype):
+    """Heads of one lane's value and of two, sequences shorter than a warp and up to
+    its four keys a lane (float64 at 48 x 65 takes the unfused path: its k and v
+    pass the shared memory)."""
+    reference = jitter(layers.Attention(2 * head_dim, 2, rng=B.host_rng(0))).astype(dtype)
+    kernel = jitter(layers.Attention(2 * head_dim, 2, rng=B.host_rng(0))).astype(dtype)
     kernel.__class__ = gpu.Attention
-    x, dout = randn(2, tokens, 2 * head_dim), randn(2, tokens, 2 * head_dim, seed=1)
+    x = randn(2, tokens, 2 * head_dim).astype(dtype)
+    dout = randn(2, tokens, 2 * head_dim, seed=1).astype(dtype)
     for ours, theirs in zip(training_pass(kernel, x, dout), training_pass(reference, x, dout)):
-        assert rel_err(ours, theirs) <= TOLERANCE["float64"]
+        assert rel_err(ours, theirs) <= TOLERANCE[dtype]
 
 
 def test_layernorm_names_an_input_it_cannot_read(mirrored):

@@ -13,7 +13,7 @@ The launch shapes:
   most MAX_BLOCKS blocks;
 - rows (``launch_rows``): one warp of 32 threads per row, THREADS / 32 rows a block;
 - channels (``launch_channels``): one block of THREADS threads per channel;
-- heads (``launch_heads``): one block per (image, head), a thread per token.
+- heads (``launch_heads``): one block per (image, head), its warps taking the rows.
 """
 
 import functools
@@ -98,7 +98,7 @@ def launch_columns(name, function, rows, columns, args, dtype):
     kernel(name, function, dtype)((-(-columns // 32), down), (32, COLUMN_ROWS), args)
 
 
-def launch_heads(name, function, blocks, tokens, args, dtype):
-    """Run a head kernel (``attention.cu``): one block per (image, head), a thread per
-    token (whole warps of them)."""
-    kernel(name, function, dtype)((blocks,), (32 * -(-tokens // 32),), args)
+def launch_heads(name, function, blocks, threads, shared_bytes, args, dtype):
+    """Run a head kernel (``attention.cu``): one block of ``threads`` per (image,
+    head), with ``shared_bytes`` of shared memory."""
+    kernel(name, function, dtype)((blocks,), (threads,), args, shared_mem=shared_bytes)

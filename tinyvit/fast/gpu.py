@@ -19,7 +19,7 @@ work of its forward and backward in one or two kernels of ``kernels/*.cu``
 - ``Attention``: up to 128 tokens, the heads' whole attention in one launch each
   way, from the qkv projection before its bias to the merged heads (the bias,
   the split into heads, the scores, the softmax, A v and the merge), and back;
-- ``ClassAttention``, and ``Attention`` past 128 tokens: the softmax with the
+- ``ClassAttention``, and ``Attention`` where that does not fit: the softmax with the
   1/sqrt(Dh) scale folded in, one launch each way; the matmuls are CuPy's (cuBLAS);
 - ``SoftmaxCrossEntropy``: the loss and its gradient in one launch;
 - ``AdamW``: the whole update of the flat parameter buffer in one launch;
@@ -43,8 +43,10 @@ from .compile import (
 )
 from .cpu import FastKernel
 
-MAX_TOKENS = 128  # the fused attention's longest sequence: a block's threads, one per token
-MAX_HEAD_DIM = 64  # and its largest head, held in a thread's registers (kernels/attention.cu)
+# kernels/attention.cu's limits: the most tokens, the largest head, a block's warps; and
+# the shared memory a block may have without asking the driver for more
+MAX_TOKENS, MAX_HEAD_DIM, WARPS = 128, 64, 4
+SHARED_BYTES = 48 * 1024
 
 
 def check_rows(x, weight, layer):
@@ -326,17 +328,24 @@ class Attention(FastAttentionCore, layers.Attention):
     per (image, head) takes the qkv projection before its bias and gives the heads'
     merged output, the bias, the split into heads, S, the softmax, A v and the merge
     in one launch; backward, one launch from the merged output's gradient to the qkv
-    projection's. It fits up to MAX_TOKENS tokens and MAX_HEAD_DIM values a head,
-    with a qkv bias and no attention dropout in training; otherwise it runs the
-    heads as ``FastAttentionCore`` does. The cache is the projection before its
-    bias and A (B, NH, N, N)."""
+    projection's. It fits up to MAX_TOKENS tokens, MAX_HEAD_DIM values a head and
+    SHARED_BYTES of shared memory, with a qkv bias and no attention dropout in
+    training; otherwise it runs the heads as ``FastAttentionCore`` does. The cache
+    is the projection before its bias and A (B, NH, N, N)."""
 
-    def fits(self, tokens):
+    def shared_bytes(self, tokens, dtype):
+        """A block's shared memory: k and v (rows padded to Dh + 1), then a row of N
+        and one of Dh values per warp."""
+        Dh = self.head_dim
+        return (2 * tokens * (Dh + 1) + WARPS * (tokens + Dh)) * xp.dtype(dtype).itemsize
+
+    def fits(self, tokens, dtype):
         return (tokens <= MAX_TOKENS and self.head_dim <= MAX_HEAD_DIM
+                and self.shared_bytes(tokens, dtype) <= SHARED_BYTES
                 and self.qkv.bias is not None and not (self.training and self.attn_drop.p))
 
     def forward(self, x):
-        if x.ndim != 3 or not self.fits(x.shape[1]):
+        if x.ndim != 3 or not self.fits(x.shape[1], x.dtype):
             return super().forward(x)
         qkv = self.qkv
         check_rows(x, qkv.weight.data[0], "Attention")
@@ -348,22 +357,26 @@ class Attention(FastAttentionCore, layers.Attention):
         A = xp.empty((B_, self.num_heads, N, N) if keep else 1, dtype=x.dtype)
         args = (u, qkv.bias.data, ctx, A, xp.int32(keep), xp.int32(N), xp.int32(self.num_heads),
                 xp.int32(self.head_dim), *scalars(x.dtype, self.scale))
-        launch_heads("attention", "attention_forward", B_ * self.num_heads, N, args, x.dtype)
+        self.launch("attention_forward", B_, N, args, x.dtype)
         self.attn = A if self.keep_attn else None
         qkv.cache, self.cache = (x2, (u, A)) if self.training else (None, None)
         return self.proj_drop.forward(self.proj.forward(ctx))
 
     def backward(self, dout):
-        if not self.fits(dout.shape[1]):
+        if not self.fits(dout.shape[1], dout.dtype):
             return super().backward(dout)
         u, A = self._take_cache()
+        B_, N = dout.shape[:2]
         dctx = xp.ascontiguousarray(self.proj.backward(self.proj_drop.backward(dout)))
         dS, du = xp.empty_like(A), xp.empty_like(u)  # (B, NH, N, N), (B N, 3D)
-        args = (u, self.qkv.bias.data, A, dctx, dS, du, xp.int32(dout.shape[1]),
-                xp.int32(self.num_heads), xp.int32(self.head_dim), *scalars(u.dtype, self.scale))
-        launch_heads("attention", "attention_backward", A.shape[0] * self.num_heads,
-                     dout.shape[1], args, u.dtype)
+        args = (u, self.qkv.bias.data, A, dctx, dS, du, xp.int32(N), xp.int32(self.num_heads),
+                xp.int32(self.head_dim), *scalars(u.dtype, self.scale))
+        self.launch("attention_backward", B_, N, args, u.dtype)
         return self.qkv.backward(du).reshape(dout.shape)
+
+    def launch(self, function, images, tokens, args, dtype):
+        launch_heads("attention", function, images * self.num_heads, 32 * WARPS,
+                     self.shared_bytes(tokens, dtype), args, dtype)
 
 
 class ClassAttention(FastAttentionCore, layers.ClassAttention):
