@@ -1,4 +1,5 @@
-"""Kernel launches per training step on a GPU: tinyvit's reference tier against its fast tier.
+"""Kernel launches per training step on a GPU: tinyvit's reference tier against its fast tier
+(and the fast tier's per inference forward, with the names of its kernels).
 
     python benchmarks/launches.py --json launches.json   # on a GPU: configs A, B, C, batch 128
     python benchmarks/launches.py --dry-run              # no GPU: the same steps on NumPy
@@ -27,6 +28,7 @@ from runners import CONFIGS, TinyvitRunner, make_batch  # noqa: E402
 from tinyvit import backend  # noqa: E402
 
 TIERS = ("reference", "fast")
+NAME_CHARS = 100  # of a kernel's name in the JSON
 
 
 def kind(name):
@@ -38,27 +40,34 @@ def kind(name):
     return "kernel"
 
 
-def launches_per_step(runner, steps, gpu):
-    """{kind: launches per step} of ``runner``'s training step (None on the dry run)."""
+def launches_per_step(step, steps, gpu, names=False):
+    """{kind: launches per step} of ``step()`` (None on the dry run), and with
+    ``names`` each kernel's name and launches per step."""
     for _ in range(2):  # compiles CuPy's kernels, fills the memory pool
-        runner.train_step()
+        step()
     backend.synchronize()
     if not gpu:
         for _ in range(steps):
-            runner.train_step()
+            step()
         return None
     activities = [torch.profiler.ProfilerActivity.CUDA]
     with torch.profiler.profile(activities=activities) as profile:
         for _ in range(steps):
-            runner.train_step()
+            step()
         backend.synchronize()
-    counts = collections.Counter(kind(event.name) for event in profile.events()
-                                 if event.device_type == torch.autograd.DeviceType.CUDA)
-    return {k: counts[k] / steps for k in ("kernel", "memcpy", "memset")}
+    events = [event.name for event in profile.events()
+              if event.device_type == torch.autograd.DeviceType.CUDA]
+    counts = collections.Counter(kind(name) for name in events)
+    result = {k: counts[k] / steps for k in ("kernel", "memcpy", "memset")}
+    if names:
+        result["names"] = {name[:NAME_CHARS]: n / steps
+                           for name, n in collections.Counter(events).most_common()}
+    return result
 
 
 def measure(config_names, batch, steps, gpu):
-    """{config: {tier: launches per step}}."""
+    """{config: {tier: launches per training step}, and the fast tier's per inference
+    forward ("fast-infer"), with its kernels' names."""
     result = {}
     for name in config_names:
         images, labels = make_batch(CONFIGS[name], batch)
@@ -66,9 +75,16 @@ def measure(config_names, batch, steps, gpu):
         for tier in TIERS:
             runner = TinyvitRunner(CONFIGS[name], images, labels, tier=tier)
             runner.prepare_training()
-            result[name][tier] = launches_per_step(runner, steps, gpu)
+            result[name][tier] = launches_per_step(runner.train_step, steps, gpu,
+                                                   names=tier == "fast")
+            if tier == "fast":
+                runner.set_training(False)
+                result[name]["fast-infer"] = launches_per_step(runner.infer, steps, gpu,
+                                                               names=True)
             runner.close()
-        print(f"config {name}, batch {batch}: {result[name]}", flush=True)
+        counts = {tier: r and {k: v for k, v in r.items() if k != "names"}
+                  for tier, r in result[name].items()}
+        print(f"config {name}, batch {batch}: {counts}", flush=True)
     return result
 
 

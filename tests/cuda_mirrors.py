@@ -9,6 +9,10 @@ import numpy as np
 from tinyvit.nn.functional import normal_cdf, normal_pdf
 
 
+def add_bias_residual(x, m, b, y, n, D):
+    y.reshape(-1, D)[...] = x.reshape(-1, D) + m.reshape(-1, D) + b
+
+
 def bias_grad(dy, db, rows, D):
     db += dy.reshape(rows, D).sum(axis=0)
 
@@ -52,7 +56,11 @@ def layernorm_forward(x, gamma, beta, y, xhat, rstd, rows, D, eps):
 
 
 def add_layernorm_forward(x, r, s, gamma, beta, y, xhat, rstd, rows, D, eps):
-    s[...] = x + r
+    add_bias_layernorm_forward(x, r, 0, s, gamma, beta, y, xhat, rstd, rows, D, eps)
+
+
+def add_bias_layernorm_forward(x, r, bias, s, gamma, beta, y, xhat, rstd, rows, D, eps):
+    s.reshape(rows, D)[...] = x.reshape(rows, D) + r.reshape(rows, D) + bias
     layernorm_forward(s, gamma, beta, y, xhat, rstd, rows, D, eps)
 
 
@@ -162,9 +170,10 @@ def adamw_update(p, g, m, v, decay, n, lr, beta1, one_minus_beta1, beta2, one_mi
     p -= lr / bias1 * m / (np.sqrt(v) / bias2_sqrt + eps)
 
 
-MIRRORS = {f.__name__: f for f in (bias_grad, gelu_forward, gelu_backward, bias_gelu_forward,
+MIRRORS = {f.__name__: f for f in (add_bias_residual, bias_grad, gelu_forward, gelu_backward, bias_gelu_forward,
                                    bias_gelu_backward, dropout_apply, layernorm_forward,
-                                   add_layernorm_forward, layernorm_backward_add,
+                                   add_layernorm_forward, add_bias_layernorm_forward,
+                                   layernorm_backward_add,
                                    batchnorm_forward, batchnorm_eval, batchnorm_backward,
                                    layernorm_backward, layernorm_param_grads, softmax_forward,
                                    softmax_backward, attention_forward, attention_backward,

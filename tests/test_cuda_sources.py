@@ -159,6 +159,13 @@ LAYERS = {
 }
 
 
+def as_gpu(layer):
+    """``layer`` with each of its parts in its GPU class, as accelerate would on a GPU."""
+    for _, part in layer.named_modules():
+        part.__class__ = gpu.KERNELS.get(type(part), type(part))
+    return layer
+
+
 def rel_err(ours, theirs):
     return float(np.abs(ours - theirs).max() / max(np.abs(theirs).max(), 1e-300))
 
@@ -176,8 +183,7 @@ def test_each_gpu_layer_launches_its_kernels_as_declared(launched, cls, shape, d
     make, _ = LAYERS[cls]
     reference = jitter(make()).astype(dtype)
     kernel = jitter(make()).astype(dtype)
-    for _, part in kernel.named_modules():  # as accelerate would on a GPU
-        part.__class__ = gpu.KERNELS.get(type(part), type(part))
+    as_gpu(kernel)
     assert type(kernel) is cls
     x = (2 * randn(*shape)).astype(dtype)
     dout = randn(*output_shape(reference, x), seed=1).astype(dtype)
@@ -195,12 +201,21 @@ def test_the_fused_attention_gives_the_reference(launched, head_dim, tokens, dty
     its four keys a lane (float64 at 48 x 65 takes the unfused path: its k and v
     pass the shared memory)."""
     reference = jitter(layers.Attention(2 * head_dim, 2, rng=B.host_rng(0))).astype(dtype)
-    kernel = jitter(layers.Attention(2 * head_dim, 2, rng=B.host_rng(0))).astype(dtype)
-    kernel.__class__ = gpu.Attention
+    kernel = as_gpu(jitter(layers.Attention(2 * head_dim, 2, rng=B.host_rng(0))).astype(dtype))
     x = randn(2, tokens, 2 * head_dim).astype(dtype)
     dout = randn(2, tokens, 2 * head_dim, seed=1).astype(dtype)
     for ours, theirs in zip(training_pass(kernel, x, dout), training_pass(reference, x, dout)):
         assert rel_err(ours, theirs) <= TOLERANCE[dtype]
+
+
+def test_the_block_defers_the_biases_only_where_no_dropout_follows_them(mirrored):
+    """x + a + b_proj and x1 + m + b_fc2 equal x + dropout(a + b) only where the
+    dropout after each Linear does nothing: in eval mode, or with p = 0."""
+    h = randn(2, 5, 6)
+    for dropout, training, defers in [(0.1, True, False), (0.1, False, True), (0.0, True, True)]:
+        block = as_gpu(layers.Block(6, 2, dropout=dropout, rng=B.host_rng(0)))
+        block.train(training)
+        assert block.defers_biases(h) is defers
 
 
 def test_layernorm_names_an_input_it_cannot_read(mirrored):

@@ -100,7 +100,8 @@ def test_the_dry_run_reads_each_phases_figures(dry_run):
     assert figures["fast-tests"]["passed"] > 0 and figures["fast-tests"]["failed"] == 0
     # the steps are taken on NumPy, and nothing is counted without a GPU
     assert figures["launches"] == {"batch": 8, "steps": 5, "backend": "numpy",
-                                   "configs": {"A": {"reference": None, "fast": None}}}
+                                   "configs": {"A": {"reference": None, "fast": None,
+                                                     "fast-infer": None}}}
     for name, batch in (("benchmark-128", 8), ("benchmark-1024", 64)):
         config = figures[name]["configs"]["A"]
         assert config["batch"] == batch and config["tinyvit"]["train_ms"] > 0

@@ -25,12 +25,12 @@ KERNELS_DIR = Path(__file__).with_name("kernels")
 C_TYPES = {"float32": "float", "float64": "double"}
 # each file's kernels, by the names its ``extern "C" __global__`` functions have
 FUNCTIONS = {
-    "linear": ("bias_grad",),
+    "linear": ("add_bias_residual", "bias_grad"),
     "gelu": ("gelu_forward", "gelu_backward", "bias_gelu_forward", "bias_gelu_backward"),
     "dropout": ("dropout_apply",),
     "batchnorm": ("batchnorm_forward", "batchnorm_eval", "batchnorm_backward"),
-    "layernorm": ("layernorm_forward", "add_layernorm_forward", "layernorm_backward",
-                  "layernorm_backward_add", "layernorm_param_grads"),
+    "layernorm": ("layernorm_forward", "add_layernorm_forward", "add_bias_layernorm_forward",
+                  "layernorm_backward", "layernorm_backward_add", "layernorm_param_grads"),
     "softmax": ("softmax_forward", "softmax_backward"),
     "attention": ("attention_forward", "attention_backward"),
     "cross_entropy": ("cross_entropy_soft", "cross_entropy_labels"),

@@ -62,6 +62,14 @@ class Linear(FastKernel, layers.Linear):
     rows of dy, in one launch (kernels/linear.cu) where a matrix-vector product
     takes three (a vector of ones, the product, the add)."""
 
+    def project(self, x):
+        """x W^T, (..., out): the forward without its bias, which the kernel after it
+        adds; the cache is the forward's, so the backward is the same."""
+        self.check_input(x)
+        x2 = xp.ascontiguousarray(x).reshape(-1, self.in_features)  # (M, in)
+        self.cache = x2 if self.training else None
+        return (x2 @ self.weight.data.T).reshape(*x.shape[:-1], self.out_features)
+
     def backward(self, dout):
         x2 = self._take_cache()
         dout2 = xp.ascontiguousarray(dout).reshape(-1, self.out_features)  # (M, out)
@@ -98,7 +106,7 @@ class GELU(FastKernel, layers.GELU):
 
 
 def bias_gelu(u, b):
-    """GELU(u + b) for rows u (M, D) and a bias b (D,), in one launch."""
+    """GELU(u + b) for rows u (..., D) and a bias b (D,), in one launch."""
     y = xp.empty_like(u)
     launch_elementwise("gelu", "bias_gelu_forward", u.size,
                        (u, b, y, xp.int64(u.size), xp.int32(b.size)), u.dtype)
@@ -114,6 +122,15 @@ def bias_gelu_backward(u, b, dy):
     return du
 
 
+def add_bias_residual(x, m, b):
+    """x + m + b for rows x, m (..., D) and a bias b (D,), in one launch."""
+    y = xp.empty_like(m)
+    launch_elementwise("linear", "add_bias_residual", y.size,
+                       (xp.ascontiguousarray(x), xp.ascontiguousarray(m), b, y,
+                        xp.int64(y.size), xp.int32(b.size)), y.dtype)
+    return y
+
+
 class MLP(FastKernel, layers.MLP):
     """fc1, GELU: the matmul u = x W1^T, then one launch for GELU(u + b1), the bias
     added inside the GELU's kernel; backward, one launch for du = dh GELU'(u + b1),
@@ -127,22 +144,23 @@ class MLP(FastKernel, layers.MLP):
     def forward(self, x):
         if not self.fused():
             return super().forward(x)
-        fc1 = self.fc1
-        check_rows(x, fc1.weight.data[0], "MLP")
-        x2 = xp.ascontiguousarray(x).reshape(-1, fc1.in_features)  # (M, D)
-        u = x2 @ fc1.weight.data.T  # (M, Dm): fc1 before its bias
-        h = bias_gelu(u, fc1.bias.data)  # (M, Dm)
-        fc1.cache, self.cache = (x2, u) if self.training else (None, None)
-        h = self.drop1.forward(h.reshape(*x.shape[:-1], fc1.out_features))
-        return self.drop2.forward(self.fc2.forward(h))
+        return self.drop2.forward(self.fc2.forward(self.hidden(x)))
+
+    def hidden(self, x):
+        """drop1(GELU(fc1(x))), (..., Dm): fc1's matmul, then its bias and the GELU in
+        one launch."""
+        check_rows(x, self.fc1.weight.data[0], "MLP")
+        u = self.fc1.project(x)  # (..., Dm): fc1 before its bias
+        self.cache = u if self.training else None
+        return self.drop1.forward(bias_gelu(u, self.fc1.bias.data))
 
     def backward(self, dout):
         if not self.fused():
             return super().backward(dout)
         u = self._take_cache()
         dh = self.drop1.backward(self.fc2.backward(self.drop2.backward(dout)))
-        du = bias_gelu_backward(u, self.fc1.bias.data, dh.reshape(u.shape))  # (M, Dm)
-        return self.fc1.backward(du).reshape(dout.shape)
+        du = bias_gelu_backward(u, self.fc1.bias.data, dh)  # (..., Dm)
+        return self.fc1.backward(du)
 
 
 def dropout(x, key, p):
@@ -183,15 +201,17 @@ class LayerNorm(FastKernel, layers.LayerNorm):
     def forward(self, x):
         return self._forward("layernorm_forward", x)
 
-    def add_forward(self, x, r):
-        """(s, LayerNorm(s)) for s = x + r, in one launch."""
+    def add_forward(self, x, r, bias=None):
+        """(s, LayerNorm(s)) for s = x + r (+ bias, (D,)), in one launch."""
         s = xp.empty(r.shape, r.dtype)
-        return s, self._forward("add_layernorm_forward", x, r, s)
+        if bias is None:
+            return s, self._forward("add_layernorm_forward", x, r, s)
+        return s, self._forward("add_bias_layernorm_forward", x, r, bias, s)
 
     def _forward(self, function, x, *more):
         """``function`` of x (and the arrays ``more`` it takes), each (..., D)."""
         for a in (x, *more):
-            check_rows(a, self.weight.data, "LayerNorm")
+            check_rows(a, self.weight.data, "LayerNorm")  # a bias (D,) too
         inputs = tuple(xp.ascontiguousarray(a) for a in (x, *more))
         rows, D = x.size // self.dim, self.dim
         y, xhat = xp.empty(x.shape, x.dtype), xp.empty(x.shape, x.dtype)
@@ -268,12 +288,30 @@ class Block(FastKernel, layers.Block):
     """The encoder block with its residual adds fused into the LayerNorms' kernels:
     forward, x1 = x + attn(norm1(x)) and norm2(x1) in one launch; backward, each
     residual's skip gradient added inside the backward of the LayerNorm on its
-    branch. Its norms are the GPU LayerNorm (``accelerate`` swaps them with it)."""
+    branch. Its norms are the GPU LayerNorm (``accelerate`` swaps them with it).
+
+    Where the branches' last Linears have no dropout after them (or in eval mode)
+    and the attention takes its fused kernel, their biases wait for the residual
+    adds: x1 = x + a + b_proj inside norm2's kernel, and x1 + m + b_fc2 in one
+    launch (a and m the projections before their biases)."""
 
     def forward(self, x):
-        a = self.attn.forward(self.norm1.forward(x))  # (B, N, D)
-        x1, h = self.norm2.add_forward(x, a)  # x1 = x + a, h = norm2(x1)
-        return x1 + self.mlp.forward(h)
+        h1 = self.norm1.forward(x)
+        if not self.defers_biases(h1):
+            x1, h = self.norm2.add_forward(x, self.attn.forward(h1))  # x1 = x + a
+            return x1 + self.mlp.forward(h)
+        attn, mlp = self.attn, self.mlp
+        a = attn.proj_drop.forward(attn.proj.project(attn.merged_heads(h1)))  # (B, N, D)
+        x1, h = self.norm2.add_forward(x, a, attn.proj.bias.data)  # x1 = x + a + b_proj
+        m = mlp.drop2.forward(mlp.fc2.project(mlp.hidden(h)))  # (B, N, D)
+        return add_bias_residual(x1, m, mlp.fc2.bias.data)
+
+    def defers_biases(self, h1):
+        attn, mlp = self.attn, self.mlp
+        quiet = not self.training or (attn.proj_drop.p == 0 and mlp.drop2.p == 0)
+        return (quiet and isinstance(attn, Attention) and attn.fits_input(h1)
+                and isinstance(mlp, MLP) and mlp.fused()
+                and attn.proj.bias is not None and mlp.fc2.bias is not None)
 
     def backward(self, dout):
         dx1 = self.norm2.backward_add(self.mlp.backward(dout), dout)  # dout + the MLP branch's
@@ -345,22 +383,27 @@ class Attention(FastAttentionCore, layers.Attention):
                 and self.qkv.bias is not None and not (self.training and self.attn_drop.p))
 
     def forward(self, x):
-        if x.ndim != 3 or not self.fits(x.shape[1], x.dtype):
+        if not self.fits_input(x):
             return super().forward(x)
-        qkv = self.qkv
-        check_rows(x, qkv.weight.data[0], "Attention")
+        return self.proj_drop.forward(self.proj.forward(self.merged_heads(x)))
+
+    def fits_input(self, x):
+        return x.ndim == 3 and self.fits(x.shape[1], x.dtype)
+
+    def merged_heads(self, x):
+        """The heads' outputs merged, (B, N, D), before the output projection."""
+        check_rows(x, self.qkv.weight.data[0], "Attention")
         B_, N, D = x.shape
-        x2 = xp.ascontiguousarray(x).reshape(-1, D)  # (B N, D)
-        u = x2 @ qkv.weight.data.T  # (B N, 3D): the qkv projection before its bias
-        ctx = xp.empty((B_, N, D), dtype=x.dtype)  # the heads' outputs, merged
+        u = self.qkv.project(x)  # (B, N, 3D): the qkv projection before its bias
+        ctx = xp.empty((B_, N, D), dtype=x.dtype)
         keep = self.training or self.keep_attn
         A = xp.empty((B_, self.num_heads, N, N) if keep else 1, dtype=x.dtype)
-        args = (u, qkv.bias.data, ctx, A, xp.int32(keep), xp.int32(N), xp.int32(self.num_heads),
-                xp.int32(self.head_dim), *scalars(x.dtype, self.scale))
+        args = (u, self.qkv.bias.data, ctx, A, xp.int32(keep), xp.int32(N),
+                xp.int32(self.num_heads), xp.int32(self.head_dim), *scalars(x.dtype, self.scale))
         self.launch("attention_forward", B_, N, args, x.dtype)
         self.attn = A if self.keep_attn else None
-        qkv.cache, self.cache = (x2, (u, A)) if self.training else (None, None)
-        return self.proj_drop.forward(self.proj.forward(ctx))
+        self.cache = (u, A) if self.training else None
+        return ctx
 
     def backward(self, dout):
         if not self.fits(dout.shape[1], dout.dtype):
@@ -368,11 +411,11 @@ class Attention(FastAttentionCore, layers.Attention):
         u, A = self._take_cache()
         B_, N = dout.shape[:2]
         dctx = xp.ascontiguousarray(self.proj.backward(self.proj_drop.backward(dout)))
-        dS, du = xp.empty_like(A), xp.empty_like(u)  # (B, NH, N, N), (B N, 3D)
+        dS, du = xp.empty_like(A), xp.empty_like(u)  # (B, NH, N, N), (B, N, 3D)
         args = (u, self.qkv.bias.data, A, dctx, dS, du, xp.int32(N), xp.int32(self.num_heads),
                 xp.int32(self.head_dim), *scalars(u.dtype, self.scale))
         self.launch("attention_backward", B_, N, args, u.dtype)
-        return self.qkv.backward(du).reshape(dout.shape)
+        return self.qkv.backward(du)
 
     def launch(self, function, images, tokens, args, dtype):
         launch_heads("attention", function, images * self.num_heads, 32 * WARPS,

@@ -4,8 +4,8 @@
 //     xhat = (x - mean) rstd,   y = gamma xhat + beta
 // The forward writes y, and for the backward xhat (rows x D) and rstd (rows).
 // The add_ kernels fuse the residual connection before or after it (tinyvit.fast.gpu.Block):
-// add_layernorm_forward first writes s = x + r and normalizes s; layernorm_backward_add adds
-// the skip's gradient to dx in the same pass.
+// add_layernorm_forward first writes s = x + r and normalizes s (add_bias_layernorm_forward
+// s = x + r + bias); layernorm_backward_add adds the skip's gradient to dx in the same pass.
 
 __device__ void layernorm_row(const T* x, const T* gamma, const T* beta, T* y, T* xhat, T* rstd,
                               int D, T eps) {
@@ -33,14 +33,30 @@ extern "C" __global__ void layernorm_forward(const T* x, const T* gamma, const T
     layernorm_row(x + row * D, gamma, beta, y + row * D, xhat + row * D, rstd + row, D, eps);
 }
 
-// s = x + r, then y = LayerNorm(s): each lane reads back only the values it wrote
+// s = x + r (+ bias, when given), then y = LayerNorm(s): each lane reads back only the
+// values it wrote
+__device__ void add_layernorm(const T* x, const T* r, const T* bias, T* s, const T* gamma,
+                              const T* beta, T* y, T* xhat, T* rstd, long rows, int D, T eps) {
+    long row = warp_row();
+    if (row >= rows) return;
+    for (int j = lane(); j < D; j += 32)
+        s[row * D + j] = x[row * D + j] + r[row * D + j] + (bias ? bias[j] : (T)0);
+    layernorm_row(s + row * D, gamma, beta, y + row * D, xhat + row * D, rstd + row, D, eps);
+}
+
 extern "C" __global__ void add_layernorm_forward(const T* x, const T* r, T* s, const T* gamma,
                                                  const T* beta, T* y, T* xhat, T* rstd,
                                                  long rows, int D, T eps) {
-    long row = warp_row();
-    if (row >= rows) return;
-    for (int j = lane(); j < D; j += 32) s[row * D + j] = x[row * D + j] + r[row * D + j];
-    layernorm_row(s + row * D, gamma, beta, y + row * D, xhat + row * D, rstd + row, D, eps);
+    add_layernorm(x, r, nullptr, s, gamma, beta, y, xhat, rstd, rows, D, eps);
+}
+
+// the bias of the Linear that gave r added too (tinyvit.fast.gpu.Block: attention's output
+// projection)
+extern "C" __global__ void add_bias_layernorm_forward(const T* x, const T* r, const T* bias,
+                                                      T* s, const T* gamma, const T* beta, T* y,
+                                                      T* xhat, T* rstd, long rows, int D,
+                                                      T eps) {
+    add_layernorm(x, r, bias, s, gamma, beta, y, xhat, rstd, rows, D, eps);
 }
 
 // dx = rstd (g - mean(g) - xhat mean(g xhat)) per row, g = dy gamma; plus skip[j] if given

@@ -1,4 +1,13 @@
-// The bias gradient of a Linear (tinyvit.nn.layers.Linear): db += the sum of dy (rows x D)
+// A Linear's bias (tinyvit.nn.layers.Linear) where a kernel of its own saves launches.
+//
+// Added with the residual connection after the Linear (tinyvit.fast.gpu.Block: the MLP's
+// fc2), one thread per value: y = x + m + b, with m the Linear's matmul (rows of D values).
+extern "C" __global__ void add_bias_residual(const T* x, const T* m, const T* b, T* y, long n,
+                                             int D) {
+    for (long i = first_index(); i < n; i += grid_stride()) y[i] = x[i] + m[i] + b[i % D];
+}
+
+// The bias gradient: db += the sum of dy (rows x D)
 // down its rows, one launch where a matrix-vector product would take three (a vector of
 // ones, the product, the add). A block is 32 columns by COLUMN_ROWS rows of threads, as
 // layernorm_param_grads: its threads walk down the rows COLUMN_ROWS * gridDim.y apart, the
