@@ -170,12 +170,10 @@ def adamw_update(p, g, m, v, decay, n, lr, beta1, one_minus_beta1, beta2, one_mi
     p -= lr / bias1 * m / (np.sqrt(v) / bias2_sqrt + eps)
 
 
-MIRRORS = {f.__name__: f for f in (add_bias_residual, bias_grad, gelu_forward, gelu_backward, bias_gelu_forward,
-                                   bias_gelu_backward, dropout_apply, layernorm_forward,
-                                   add_layernorm_forward, add_bias_layernorm_forward,
-                                   layernorm_backward_add,
-                                   batchnorm_forward, batchnorm_eval, batchnorm_backward,
-                                   layernorm_backward, layernorm_param_grads, softmax_forward,
-                                   softmax_backward, attention_forward, attention_backward,
-                                   cross_entropy_soft, cross_entropy_labels,
-                                   adamw_update)}
+MIRRORS = {f.__name__: f for f in (
+    add_bias_residual, bias_grad, gelu_forward, gelu_backward, bias_gelu_forward,
+    bias_gelu_backward, dropout_apply, layernorm_forward, add_layernorm_forward,
+    add_bias_layernorm_forward, layernorm_backward_add, batchnorm_forward, batchnorm_eval,
+    batchnorm_backward, layernorm_backward, layernorm_param_grads, softmax_forward,
+    softmax_backward, attention_forward, attention_backward, cross_entropy_soft,
+    cross_entropy_labels, adamw_update)}
