@@ -297,15 +297,16 @@ def evaluation_note(epochs, total):
             f"to {gap - 1} epochs later")
 
 
-# Each phase's seconds: what it takes on an H100, with room to spare (docs/performance.md:
-# the whole suite, NumPy and CuPy, took 163-255 s; benchmark.py starts 12 memory processes).
-# cifar10 needs time for its first epoch, which compiles CuPy's kernels, and a few more.
+# Each phase's seconds: what it takes on an H100, with room to spare (2026-11-26: environment
+# 5-7 s, fast-tests 21-26, benchmark-128 75-99, launches 12-15, gpu-tests 142-152 in 8
+# processes). benchmark-1024 is not measured with the fused kernels yet. cifar10 needs time for
+# its first epoch, which compiles CuPy's kernels, and a few more.
 PHASES = [
-    Phase("environment", 60, environment_command, environment_figures),
-    Phase("fast-tests", 90, fast_tests_command, pytest_figures),
-    Phase("benchmark-128", 240, *benchmark(128)),
-    Phase("launches", 60, launches_command, launches_figures),
-    Phase("gpu-tests", 180, gpu_tests_command, pytest_figures),
+    Phase("environment", 30, environment_command, environment_figures),
+    Phase("fast-tests", 60, fast_tests_command, pytest_figures),
+    Phase("benchmark-128", 150, *benchmark(128)),
+    Phase("launches", 45, launches_command, launches_figures),
+    Phase("gpu-tests", 200, gpu_tests_command, pytest_figures),
     Phase("benchmark-1024", 240, *benchmark(1024)),
     Phase("cifar10", 150, cifar10_command, cifar10_figures, rest=True),
 ]

@@ -236,6 +236,9 @@ def test_attention_rejects_bad_head_count(backend):
 def test_broken_softmax_backward_is_caught(backend, tier):
     """A softmax backward that drops the -A * sum(dA * A) term must fail the check."""
     layer = tier(jitter(Attention(8, num_heads=2, rng=B.host_rng(0))))
+    if type(layer).backward is not Attention.backward:
+        pytest.skip(f"{type(layer).__module__}.{type(layer).__name__} runs its heads' backward "
+                    "in one kernel, without attend_backward")
     x = randn(2, 5, 8)
     gradient_check(layer, x).assert_ok(TOL)
     layer.attend_backward = types.MethodType(_attend_backward_without_correction, layer)
