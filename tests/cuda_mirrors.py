@@ -125,24 +125,27 @@ def heads(qkv, bias, N, NH, Dh):
 
 
 def merge(a, N, NH, Dh):
-    """(B, NH, N, Dh) -> (B N, NH Dh)"""
+    """(B, NH, N, Dh) -> (B N, NH Dh), N the rows"""
     return a.transpose(0, 2, 1, 3).reshape(-1, NH * Dh)
 
 
-def attention_forward(qkv, bias, ctx, A, write_A, N, NH, Dh, scale):
+def attention_forward(qkv, bias, ctx, A, write_A, N, Q, NH, Dh, scale):
     q, k, v = heads(qkv, bias, N, NH, Dh)
+    q = q[:, :, :Q]  # the first Q tokens' queries
     a = np.empty(q.shape[:3] + (N,), dtype=q.dtype)
     softmax_forward(q @ k.swapaxes(-1, -2), a, a.size // N, N, scale)
     if write_A:
         A[...] = a
-    ctx.reshape(-1, NH * Dh)[...] = merge(a @ v, N, NH, Dh)
+    ctx.reshape(-1, NH * Dh)[...] = merge(a @ v, Q, NH, Dh)
 
 
-def attention_backward(qkv, bias, A, dctx, dS, dqkv, N, NH, Dh, scale):
+def attention_backward(qkv, bias, A, dctx, dS, dqkv, N, Q, NH, Dh, scale):
     q, k, v = heads(qkv, bias, N, NH, Dh)
-    dc = dctx.reshape(-1, N, NH, Dh).transpose(0, 2, 1, 3)  # (B, NH, N, Dh)
+    dc = dctx.reshape(-1, Q, NH, Dh).transpose(0, 2, 1, 3)  # (B, NH, Q, Dh)
     softmax_backward(A, dc @ v.swapaxes(-1, -2), dS, A.size // N, N, scale)
-    dq, dk, dv = dS @ k, dS.swapaxes(-1, -2) @ q, A.swapaxes(-1, -2) @ dc
+    dq = np.zeros_like(q)
+    dq[:, :, :Q] = dS @ k  # the other rows' queries were not used
+    dk, dv = dS.swapaxes(-1, -2) @ q[:, :, :Q], A.swapaxes(-1, -2) @ dc
     grads = [merge(g, N, NH, Dh) for g in (dq, dk, dv)]
     dqkv.reshape(-1, 3 * NH * Dh)[...] = np.concatenate(grads, axis=1)
 

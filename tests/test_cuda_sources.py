@@ -196,16 +196,31 @@ def test_each_gpu_layer_launches_its_kernels_as_declared(launched, cls, shape, d
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("head_dim, tokens", [(16, 33), (20, 7), (48, 65), (gpu.MAX_HEAD_DIM, 2),
                                               (8, gpu.MAX_TOKENS)])
-def test_the_fused_attention_gives_the_reference(launched, head_dim, tokens, dtype):
+@pytest.mark.parametrize("cls", [layers.Attention, layers.ClassAttention])
+def test_the_fused_attention_gives_the_reference(launched, cls, head_dim, tokens, dtype):
     """Heads of one lane's value and of two, sequences shorter than a warp and up to
-    its four keys a lane (float64 at 48 x 65 takes the unfused path: its k and v
-    pass the shared memory)."""
-    reference = jitter(layers.Attention(2 * head_dim, 2, rng=B.host_rng(0))).astype(dtype)
-    kernel = as_gpu(jitter(layers.Attention(2 * head_dim, 2, rng=B.host_rng(0))).astype(dtype))
+    its four keys a lane, every token's query or the class token's alone (float64 at
+    48 x 65 takes the unfused path: its k and v pass the shared memory)."""
+    reference = jitter(cls(2 * head_dim, 2, rng=B.host_rng(0))).astype(dtype)
+    kernel = as_gpu(jitter(cls(2 * head_dim, 2, rng=B.host_rng(0))).astype(dtype))
     x = randn(2, tokens, 2 * head_dim).astype(dtype)
-    dout = randn(2, tokens, 2 * head_dim, seed=1).astype(dtype)
+    dout = randn(*output_shape(reference, x), seed=1).astype(dtype)
     for ours, theirs in zip(training_pass(kernel, x, dout), training_pass(reference, x, dout)):
         assert rel_err(ours, theirs) <= TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("fields", [{}, {"pool": "mean", "stem": ((4, 3, 2),), "patch_size": 1}])
+def test_a_whole_gpu_model_gives_the_reference(launched, fields):
+    """A ViT (class-token pooling: its last block the class token's) and a hybrid
+    (mean pooling, a BatchNorm2d stem) with every part in its GPU class: the same
+    logits, input gradient and parameter gradients, to 1e-12 in float64."""
+    config = {**dict(image_size=8, patch_size=4, in_channels=2, num_classes=3, embed_dim=8,
+                     depth=2, num_heads=2), **fields}
+    reference, kernel = jitter(ViT(**config)), as_gpu(jitter(ViT(**config)))
+    x, dlogits = randn(2, 2, 8, 8), randn(2, 3, seed=1)
+    for ours, theirs in zip(training_pass(kernel, x, dlogits),
+                            training_pass(reference, x, dlogits), strict=True):
+        assert rel_err(ours, theirs) <= TOLERANCE["float64"]
 
 
 def test_the_block_defers_the_biases_only_where_no_dropout_follows_them(mirrored):

@@ -16,11 +16,11 @@ work of its forward and backward in one or two kernels of ``kernels/*.cu``
   for the gamma and beta gradients (a reduction down the columns);
 - ``Block``: the residual adds inside the LayerNorms' kernels, where they fit;
 - ``BatchNorm2d`` (the hybrid's stem): one launch each way, a block per channel;
-- ``Attention``: up to 128 tokens, the heads' whole attention in one launch each
-  way, from the qkv projection before its bias to the merged heads (the bias,
-  the split into heads, the scores, the softmax, A v and the merge), and back;
-- ``ClassAttention``, and ``Attention`` where that does not fit: the softmax with the
-  1/sqrt(Dh) scale folded in, one launch each way; the matmuls are CuPy's (cuBLAS);
+- ``Attention``, ``ClassAttention``: up to 128 tokens, the heads' whole attention
+  in one launch each way, from the qkv projection before its bias to the merged
+  heads (the bias, the split into heads, the scores, the softmax, A v and the
+  merge), and back; where that does not fit, the softmax with the 1/sqrt(Dh)
+  scale folded in, one launch each way, the matmuls CuPy's (cuBLAS);
 - ``SoftmaxCrossEntropy``: the loss and its gradient in one launch;
 - ``AdamW``: the whole update of the flat parameter buffer in one launch;
 - ``Linear``: the reference, its bias gradient (a sum down the columns) in one
@@ -29,6 +29,8 @@ work of its forward and backward in one or two kernels of ``kernels/*.cu``
 ``tests/test_fast.py`` checks every class here against its reference on a GPU;
 ``tests/test_cuda_sources.py`` compiles every kernel without one.
 """
+
+from typing import NamedTuple
 
 from ..backend import host_rng, xp
 from ..checks import check_float, check_images
@@ -361,6 +363,13 @@ class FastAttentionCore(FastKernel):
         return dq, dk, dv
 
 
+class FusedCache(NamedTuple):
+    """What the attention kernel's forward keeps for its backward."""
+
+    u: object  # (B, N, 3D): the qkv projection before its bias
+    A: object  # (B, NH, Q, N): the attention weights of the Q query rows
+
+
 class Attention(FastAttentionCore, layers.Attention):
     """Attention in one kernel each way where it fits (kernels/attention.cu): a block
     per (image, head) takes the qkv projection before its bias and gives the heads'
@@ -369,7 +378,11 @@ class Attention(FastAttentionCore, layers.Attention):
     projection's. It fits up to MAX_TOKENS tokens, MAX_HEAD_DIM values a head and
     SHARED_BYTES of shared memory, with a qkv bias and no attention dropout in
     training; otherwise it runs the heads as ``FastAttentionCore`` does. The cache
-    is the projection before its bias and A (B, NH, N, N)."""
+    says which ran: a ``FusedCache``, or the reference's."""
+
+    def query_rows(self, tokens):
+        """The rows whose queries attend (the first ones): every token's."""
+        return tokens
 
     def shared_bytes(self, tokens, dtype):
         """A block's shared memory: k and v (rows padded to Dh + 1), then a row of N
@@ -382,37 +395,38 @@ class Attention(FastAttentionCore, layers.Attention):
                 and self.shared_bytes(tokens, dtype) <= SHARED_BYTES
                 and self.qkv.bias is not None and not (self.training and self.attn_drop.p))
 
+    def fits_input(self, x):
+        return x.ndim == 3 and self.fits(x.shape[1], x.dtype)
+
     def forward(self, x):
         if not self.fits_input(x):
             return super().forward(x)
         return self.proj_drop.forward(self.proj.forward(self.merged_heads(x)))
 
-    def fits_input(self, x):
-        return x.ndim == 3 and self.fits(x.shape[1], x.dtype)
-
     def merged_heads(self, x):
-        """The heads' outputs merged, (B, N, D), before the output projection."""
+        """The heads' outputs merged, (B, Q, D), before the output projection."""
         check_rows(x, self.qkv.weight.data[0], "Attention")
         B_, N, D = x.shape
+        Q = self.query_rows(N)
         u = self.qkv.project(x)  # (B, N, 3D): the qkv projection before its bias
-        ctx = xp.empty((B_, N, D), dtype=x.dtype)
+        ctx = xp.empty((B_, Q, D), dtype=x.dtype)
         keep = self.training or self.keep_attn
-        A = xp.empty((B_, self.num_heads, N, N) if keep else 1, dtype=x.dtype)
-        args = (u, self.qkv.bias.data, ctx, A, xp.int32(keep), xp.int32(N),
+        A = xp.empty((B_, self.num_heads, Q, N) if keep else 1, dtype=x.dtype)
+        args = (u, self.qkv.bias.data, ctx, A, xp.int32(keep), xp.int32(N), xp.int32(Q),
                 xp.int32(self.num_heads), xp.int32(self.head_dim), *scalars(x.dtype, self.scale))
         self.launch("attention_forward", B_, N, args, x.dtype)
         self.attn = A if self.keep_attn else None
-        self.cache = (u, A) if self.training else None
+        self.cache = FusedCache(u, A) if self.training else None
         return ctx
 
     def backward(self, dout):
-        if not self.fits(dout.shape[1], dout.dtype):
+        if not isinstance(self.cache, FusedCache):
             return super().backward(dout)
         u, A = self._take_cache()
-        B_, N = dout.shape[:2]
+        B_, NH, Q, N = A.shape
         dctx = xp.ascontiguousarray(self.proj.backward(self.proj_drop.backward(dout)))
-        dS, du = xp.empty_like(A), xp.empty_like(u)  # (B, NH, N, N), (B, N, 3D)
-        args = (u, self.qkv.bias.data, A, dctx, dS, du, xp.int32(N), xp.int32(self.num_heads),
+        dS, du = xp.empty_like(A), xp.empty_like(u)  # (B, NH, Q, N), (B, N, 3D)
+        args = (u, self.qkv.bias.data, A, dctx, dS, du, xp.int32(N), xp.int32(Q), xp.int32(NH),
                 xp.int32(self.head_dim), *scalars(u.dtype, self.scale))
         self.launch("attention_backward", B_, N, args, u.dtype)
         return self.qkv.backward(du)
@@ -422,8 +436,15 @@ class Attention(FastAttentionCore, layers.Attention):
                      self.shared_bytes(tokens, dtype), args, dtype)
 
 
-class ClassAttention(FastAttentionCore, layers.ClassAttention):
-    pass
+class ClassAttention(Attention, layers.ClassAttention):
+    """The class token's query alone (Q = 1) through the same kernel; with
+    ``keep_attn``, which asks for every token's attention row, as ``FastAttentionCore``."""
+
+    def query_rows(self, tokens):
+        return 1
+
+    def fits(self, tokens, dtype):
+        return not self.keep_attn and super().fits(tokens, dtype)
 
 
 class SoftmaxCrossEntropy(FastKernel, loss.SoftmaxCrossEntropy):

@@ -1,7 +1,9 @@
 // Multi-head attention over a short sequence (tinyvit.nn.layers.Attention's attend and
 // attend_backward, derived there), with the qkv bias, the split into heads, the merge of
 // the heads and the 1/sqrt(Dh) scale folded in: one block per (image b, head h), for N
-// tokens (at most MAX_TOKENS) and a head of Dh values (at most MAX_HEAD_DIM).
+// tokens (at most MAX_TOKENS) and a head of Dh values (at most MAX_HEAD_DIM). The queries
+// are those of the first Q tokens: Q = N for Attention, Q = 1 for ClassAttention (the class
+// token's row alone).
 //
 // The input is the qkv projection before its bias, (B, N, 3D) with D = NH Dh (q, k and v
 // stacked in that order, as Linear(D, 3D) gives them), and that bias (3D): head h's
@@ -59,14 +61,14 @@ __device__ void stage(T* dst, int P, const T* src, long stride, const T* bias, i
     }
 }
 
-// Where row i of (b, h)'s (N, N) matrices (A, dS) starts
-__device__ long matrix_row(int i, int N) {
-    return ((long)blockIdx.x * N + i) * N;
+// Where row i of (b, h)'s (Q, N) matrices (A, dS) starts
+__device__ long matrix_row(int i, int Q, int N) {
+    return ((long)blockIdx.x * Q + i) * N;
 }
 
-// Where token i's values of head h start in an array of merged heads, (B, N, width)
-__device__ long merged(Head x, int i, int N, long width, int Dh) {
-    return ((long)x.b * N + i) * width + x.h * Dh;
+// Where token i's values of head h start in an array of merged heads, (B, tokens, width)
+__device__ long merged(Head x, int i, int tokens, long width, int Dh) {
+    return ((long)x.b * tokens + i) * width + x.h * Dh;
 }
 
 // For the lane's keys j_t = lane + 32 t < N (SLOTS of them, t < SLOTS):
@@ -105,18 +107,19 @@ __device__ __forceinline__ void store_values(T* dst, const T* out, int Dh) {
         if (lane() + 32 * u < Dh) dst[lane() + 32 * u] = out[u];
 }
 
-// Forward, a warp per query row i:
+// Forward, a warp per query row i < Q:
 //     s_ij = scale q_i . k_j,   A_ij = exp(s_ij - max_j s_ij) / sum_j exp(s_ij - max_j s_ij)
 //     ctx_i = sum_j A_ij v_j    written where the heads merge: ctx[b, i, h Dh : (h+1) Dh]
-// A (B, NH, N, N) is written when write_A is not 0 (training keeps it for the backward).
+// ctx is (B, Q, D); A (B, NH, Q, N) is written when write_A is not 0 (training keeps it).
 extern "C" __global__ void attention_forward(const T* qkv, const T* bias, T* ctx, T* A,
-                                             int write_A, int N, int NH, int Dh, T scale) {
+                                             int write_A, int N, int Q, int NH, int Dh,
+                                             T scale) {
     Head x = head(qkv, bias, N, NH, Dh);
     Shared s = shared(N, Dh);  // first: k, second: v
     stage(s.first, s.P, x.tokens + x.D, x.stride, x.bias + x.D, N, Dh);
     stage(s.second, s.P, x.tokens + 2 * x.D, x.stride, x.bias + 2 * x.D, N, Dh);
     __syncthreads();
-    for (int i = threadIdx.x / 32; i < N; i += WARPS) {
+    for (int i = threadIdx.x / 32; i < Q; i += WARPS) {
         for (int d = lane(); d < Dh; d += 32)
             s.vec[d] = (x.tokens[i * x.stride + d] + x.bias[d]) * scale;
         __syncwarp();
@@ -141,34 +144,35 @@ extern "C" __global__ void attention_forward(const T* qkv, const T* bias, T* ctx
             int j = lane() + 32 * t;
             if (j < N) {
                 s.row[j] = score[t] * inverse;
-                if (write_A) A[matrix_row(i, N) + j] = s.row[j];
+                if (write_A) A[matrix_row(i, Q, N) + j] = s.row[j];
             }
         }
         __syncwarp();
         value_dots(s.row, s.second, s.P, N, Dh, out);
-        store_values(ctx + merged(x, i, N, x.D, Dh), out, Dh);
+        store_values(ctx + merged(x, i, Q, x.D, Dh), out, Dh);
         __syncwarp();  // the row and vec read before the warp's next row writes them
     }
 }
 
-// Backward, from dctx (B, N, D), the merged heads' gradient, and the forward's A, into
+// Backward, from dctx (B, Q, D), the merged heads' gradient, and the forward's A, into
 // dqkv (B, N, 3D), the gradient of the qkv projection's output, in two phases:
-// 1. a warp per query row i (dS_ij: the gradient of the unscaled score q_i . k_j):
+// 1. a warp per query row i < Q (dS_ij: the gradient of the unscaled score q_i . k_j):
 //        dA_ij = dctx_i . v_j,   dS_ij = scale A_ij (dA_ij - sum_j dA_ij A_ij)
 //        dq_i = sum_j dS_ij k_j
-//    keeping row i of dS (B, NH, N, N) for the second phase;
+//    keeping row i of dS (B, NH, Q, N) for the second phase; dq_i = 0 for the rows i >= Q,
+//    whose queries were not used;
 // 2. once every row is done, with q and dctx in shared memory, a warp per key j:
-//        dk_j = sum_i dS_ij q_i,   dv_j = sum_i A_ij dctx_i
+//        dk_j = sum_{i<Q} dS_ij q_i,   dv_j = sum_{i<Q} A_ij dctx_i
 extern "C" __global__ void attention_backward(const T* qkv, const T* bias, const T* A,
-                                              const T* dctx, T* dS, T* dqkv, int N, int NH,
-                                              int Dh, T scale) {
+                                              const T* dctx, T* dS, T* dqkv, int N, int Q,
+                                              int NH, int Dh, T scale) {
     Head x = head(qkv, bias, N, NH, Dh);
     Shared s = shared(N, Dh);  // first: k, second: v; then first: q, second: dctx
     stage(s.first, s.P, x.tokens + x.D, x.stride, x.bias + x.D, N, Dh);
     stage(s.second, s.P, x.tokens + 2 * x.D, x.stride, x.bias + 2 * x.D, N, Dh);
     __syncthreads();
-    for (int i = threadIdx.x / 32; i < N; i += WARPS) {
-        for (int d = lane(); d < Dh; d += 32) s.vec[d] = dctx[merged(x, i, N, x.D, Dh) + d];
+    for (int i = threadIdx.x / 32; i < Q; i += WARPS) {
+        for (int d = lane(); d < Dh; d += 32) s.vec[d] = dctx[merged(x, i, Q, x.D, Dh) + d];
         __syncwarp();
         T dA[SLOTS], a[SLOTS], out[VALUE_SLOTS], weighted = 0;  // sum_j dA_ij A_ij
         key_dots(s.vec, s.second, s.P, N, Dh, dA);
@@ -176,7 +180,7 @@ extern "C" __global__ void attention_backward(const T* qkv, const T* bias, const
         for (int t = 0; t < SLOTS; t++) {
             int j = lane() + 32 * t;
             if (j < N) {
-                a[t] = A[matrix_row(i, N) + j];
+                a[t] = A[matrix_row(i, Q, N) + j];
                 weighted += dA[t] * a[t];
             }
         }
@@ -186,7 +190,7 @@ extern "C" __global__ void attention_backward(const T* qkv, const T* bias, const
             int j = lane() + 32 * t;
             if (j < N) {
                 s.row[j] = scale * a[t] * (dA[t] - weighted);
-                dS[matrix_row(i, N) + j] = s.row[j];
+                dS[matrix_row(i, Q, N) + j] = s.row[j];
             }
         }
         __syncwarp();
@@ -194,14 +198,16 @@ extern "C" __global__ void attention_backward(const T* qkv, const T* bias, const
         store_values(dqkv + merged(x, i, N, x.stride, Dh), out, Dh);
         __syncwarp();
     }
+    for (int i = Q + threadIdx.x / 32; i < N; i += WARPS)
+        for (int d = lane(); d < Dh; d += 32) dqkv[merged(x, i, N, x.stride, Dh) + d] = 0;
     __syncthreads();  // every row of dS written, k and v read
-    stage(s.first, s.P, x.tokens, x.stride, x.bias, N, Dh);
-    stage(s.second, s.P, dctx + merged(x, 0, N, x.D, Dh), x.D, nullptr, N, Dh);
+    stage(s.first, s.P, x.tokens, x.stride, x.bias, Q, Dh);
+    stage(s.second, s.P, dctx + merged(x, 0, Q, x.D, Dh), x.D, nullptr, Q, Dh);
     __syncthreads();
     for (int j = threadIdx.x / 32; j < N; j += WARPS) {
         T dk[VALUE_SLOTS] = {}, dv[VALUE_SLOTS] = {};
-        for (int i = 0; i < N; i++) {
-            T g = dS[matrix_row(i, N) + j], a = A[matrix_row(i, N) + j];
+        for (int i = 0; i < Q; i++) {
+            T g = dS[matrix_row(i, Q, N) + j], a = A[matrix_row(i, Q, N) + j];
 #pragma unroll
             for (int u = 0; u < VALUE_SLOTS; u++) {
                 int d = lane() + 32 * u;
