@@ -111,9 +111,16 @@ def signatures(name):
             for function, params in found}
 
 
+@functools.cache
 def compiler():
-    """The C++ compiler's path, or None."""
-    return shutil.which("g++")
+    """The path of a C++ compiler with C++20's barriers (g++ 11 or later), or None."""
+    path = shutil.which("g++")
+    if path is None:
+        return None
+    probe = subprocess.run([path, "-std=c++20", "-fsyntax-only", "-x", "c++", "-"],
+                           input="#include <barrier>\nstd::barrier<> b(1);\n", text=True,
+                           capture_output=True)
+    return path if probe.returncode == 0 else None
 
 
 def launcher(function, parameters):

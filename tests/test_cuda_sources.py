@@ -135,7 +135,7 @@ def launched(request, monkeypatch, tmp_path_factory):
         stand_in = mirrored_kernel
     else:
         if compiler() is None:
-            pytest.skip("needs a C++20 compiler (g++) to run the CUDA C on the CPU")
+            pytest.skip("needs g++ 11 or later (C++20 barriers) to run the CUDA C on the CPU")
         folder = tmp_path_factory.getbasetemp()
 
         def stand_in(name, function, dtype):
