@@ -14,7 +14,9 @@ work of its forward and backward in one or two kernels of ``kernels/*.cu``
   never stored: the backward draws it again, one launch each way;
 - ``LayerNorm``: forward one launch (a warp per row), backward one for dx and one
   for the gamma and beta gradients (a reduction down the columns);
-- ``Block``: the residual adds inside the LayerNorms' kernels, where they fit;
+- ``Block``: the residual adds inside the LayerNorms' kernels, and where no
+  dropout follows them, the biases of the attention's output projection and of
+  fc2 added with the residuals;
 - ``BatchNorm2d`` (the hybrid's stem): one launch each way, a block per channel;
 - ``Attention``, ``ClassAttention``: up to 128 tokens, the heads' whole attention
   in one launch each way, from the qkv projection before its bias to the merged
@@ -24,7 +26,7 @@ work of its forward and backward in one or two kernels of ``kernels/*.cu``
 - ``SoftmaxCrossEntropy``: the loss and its gradient in one launch;
 - ``AdamW``: the whole update of the flat parameter buffer in one launch;
 - ``Linear``: the reference, its bias gradient (a sum down the columns) in one
-  launch.
+  launch; ``project`` is its forward without the bias, for a kernel that adds it.
 
 ``tests/test_fast.py`` checks every class here against its reference on a GPU;
 ``tests/test_cuda_sources.py`` compiles every kernel without one.
