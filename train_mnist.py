@@ -97,6 +97,9 @@ def parse_args(argv):
     p.add_argument("--reference", dest="tier", action="store_const", const="reference",
                    help="train the reference layers of tinyvit/nn as written, not the fast "
                         "kernels of tinyvit/fast (slower)")
+    p.add_argument("--cuda-graph", action="store_true", default=None,
+                   help="on a GPU, capture the training step in a CUDA graph and replay it "
+                        "(one launch a step instead of a few hundred)")
     g = p.add_argument_group("model (a preset, then any field)")
     g.add_argument("--model", help="preset: mnist, cifar10, mnist_hybrid, cifar10_hybrid, "
                                    "vit_tiny_patch16_224, ...")

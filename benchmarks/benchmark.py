@@ -106,7 +106,9 @@ def make_parser():
                         "one process")
     p.add_argument("--tiers", default="fast",
                    help="comma-separated tiers of tinyvit's layers to time, one runner each: "
-                        "fast (named tinyvit), reference (tinyvit-reference); the first is "
+                        "fast (named tinyvit), reference (tinyvit-reference), graph "
+                        "(tinyvit-graph: the fast tier's step and inference captured in CUDA "
+                        "graphs; on NumPy the same calls, nothing captured); the first is "
                         "what the other runners are checked against and divided by")
     p.add_argument("--baseline", metavar="DIR", type=Path,
                    help="also time tinyvit from the source tree DIR (holding tinyvit/), e.g. "

@@ -20,10 +20,12 @@ The phases, each a child process, in this order (``--phases`` picks some):
     environment     the GPU, its driver, CUDA, CuPy, NumPy, PyTorch, the processor
     fast-tests      python -m pytest -q tests/test_fast.py: each fast kernel against its
                     reference layer, on NumPy and CuPy
-    benchmark-128   benchmarks/benchmark.py --gpu --configs A,B,C --batch 128 (TF32 off
-                    in both frameworks)
+    benchmark-128   benchmarks/benchmark.py --gpu --configs A,B,C --batch 128 --tiers
+                    fast,graph (TF32 off in both frameworks): the fast tier, and the fast
+                    tier captured in CUDA graphs, against PyTorch eager
     launches        benchmarks/launches.py: kernel launches per training step, the
-                    reference tier against the fast tier (configs A, B, C at batch 128)
+                    reference tier against the fast tier and the captured fast tier
+                    (configs A, B, C at batch 128)
     gpu-tests       python -m pytest -q -m gpu: every test of the suite run on CuPy (in
                     8 processes where pytest-xdist is installed)
     benchmark-1024  benchmark-128's command at batch 1024
@@ -192,7 +194,7 @@ def benchmark(batch):
     def command(args, timeout):
         sizes = (["--quick", "--batch", str(batch // DRY_BATCH_DIVISOR)] if args.dry_run
                  else ["--gpu", "--configs", "A,B,C", "--batch", str(batch)])
-        return Command(["python", "benchmarks/benchmark.py", *sizes,
+        return Command(["python", "benchmarks/benchmark.py", *sizes, "--tiers", "fast,graph",
                         "--json", str(args.out / f"{name}.json")],
                        dict.fromkeys(UNSET_FOR_BENCHMARK))
 
@@ -226,9 +228,12 @@ def config_figures(config):
             "peak_mb": {phase: rounded(r["peak_memory"][phase].get("peak_mb"), 1)
                         for phase in ("train", "infer")},
         }
-    ratios = config["tinyvit"].get("ratio_to", {}).get("torch")
-    if ratios:
-        figures["tinyvit_over_torch"] = {k: rounded(ratios[k], 2) for k in ("train_ms", "infer_ms")}
+    for runner in ("tinyvit", "tinyvit-graph"):
+        ratios = config.get(runner, {}).get("ratio_to", {}).get("torch")
+        if ratios:
+            figures[f"{runner}_over_torch"] = {k: rounded(ratios[k], 2)
+                                               for k in ("train_ms", "infer_ms")}
+    if "torch" in config["check"]["runners"]:
         figures["logits_rel_diff"] = config["check"]["runners"]["torch"]["train"]["logits_rel_diff"]
     return figures
 
@@ -297,15 +302,16 @@ def evaluation_note(epochs, total):
             f"to {gap - 1} epochs later")
 
 
-# Each phase's seconds: what it takes on an H100, with room to spare (2026-11-26: environment
-# 5-7 s, fast-tests 21-26, benchmark-128 75-99, launches 12-15, gpu-tests 142-152 in 8
-# processes). benchmark-1024 is not measured with the fused kernels yet. cifar10 needs time for
-# its first epoch, which compiles CuPy's kernels, and a few more.
+# Each phase's seconds: what it takes on an H100, with room to spare (2026-11-26, before the
+# graph runner was added to the benchmarks: environment 5-7 s, fast-tests 21-26, benchmark-128
+# 75-99 with two runners, launches 12-15 with two tiers, gpu-tests 142-152 in 8 processes).
+# benchmark-1024 is not measured with the fused kernels yet. cifar10 needs time for its first
+# epoch, which compiles CuPy's kernels, and a few more.
 PHASES = [
     Phase("environment", 30, environment_command, environment_figures),
     Phase("fast-tests", 60, fast_tests_command, pytest_figures),
-    Phase("benchmark-128", 150, *benchmark(128)),
-    Phase("launches", 45, launches_command, launches_figures),
+    Phase("benchmark-128", 180, *benchmark(128)),
+    Phase("launches", 60, launches_command, launches_figures),
     Phase("gpu-tests", 200, gpu_tests_command, pytest_figures),
     Phase("benchmark-1024", 240, *benchmark(1024)),
     Phase("cifar10", 150, cifar10_command, cifar10_figures, rest=True),

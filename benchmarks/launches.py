@@ -1,5 +1,6 @@
 """Kernel launches per training step on a GPU: tinyvit's reference tier against its fast tier
-(and the fast tier's per inference forward, with the names of its kernels).
+and the fast tier captured in a CUDA graph (and the fast tier's per inference forward, with
+the names of its kernels).
 
     python benchmarks/launches.py --json launches.json   # on a GPU: configs A, B, C, batch 128
     python benchmarks/launches.py --dry-run              # no GPU: the same steps on NumPy
@@ -11,8 +12,11 @@ kernel the process launches: CuPy's, cuBLAS's and tinyvit's own) counts the kern
 memory copies and memsets of ``--steps`` steps after two that are not counted; a
 step's launches are their count divided by the steps. A step of a few hundred small
 kernels is bound by the host that launches them, which is what the fused kernels of
-``tinyvit/fast/kernels`` cut. The dry run takes the same steps on NumPy and counts
-nothing (there is no GPU to count on).
+``tinyvit/fast/kernels`` cut. The "graph" tier's step is the fast tier's captured in a CUDA
+graph (``tinyvit.fast.graphs``, captured before the counted steps): the profiler counts the
+kernels the GPU runs, which are the fast tier's and the copies of the inputs, while the host
+queues one graph launch for all of them. The dry run takes the same steps on NumPy and
+counts nothing (there is no GPU to count on).
 """
 
 import argparse
@@ -27,7 +31,8 @@ from machine import setup_backends, torch  # noqa: E402
 from runners import CONFIGS, TinyvitRunner, make_batch  # noqa: E402
 from tinyvit import backend  # noqa: E402
 
-TIERS = ("reference", "fast")
+TIERS = ("reference", "fast", "graph")
+UNCOUNTED = {"reference": 2, "fast": 2, "graph": 3}  # steps first: compiling, the pool, a capture
 NAME_CHARS = 100  # of a kernel's name in the JSON
 
 
@@ -40,10 +45,10 @@ def kind(name):
     return "kernel"
 
 
-def launches_per_step(step, steps, gpu, names=False):
-    """{kind: launches per step} of ``step()`` (None on the dry run), and with
-    ``names`` each kernel's name and launches per step."""
-    for _ in range(2):  # compiles CuPy's kernels, fills the memory pool
+def launches_per_step(step, steps, gpu, uncounted=2, names=False):
+    """{kind: launches per step} of ``step()`` after ``uncounted`` steps (None on the
+    dry run), and with ``names`` each kernel's name and launches per step."""
+    for _ in range(uncounted):
         step()
     backend.synchronize()
     if not gpu:
@@ -76,7 +81,7 @@ def measure(config_names, batch, steps, gpu):
             runner = TinyvitRunner(CONFIGS[name], images, labels, tier=tier)
             runner.prepare_training()
             result[name][tier] = launches_per_step(runner.train_step, steps, gpu,
-                                                   names=tier == "fast")
+                                                   UNCOUNTED[tier], names=tier == "fast")
             if tier == "fast":
                 runner.set_training(False)
                 result[name]["fast-infer"] = launches_per_step(runner.infer, steps, gpu,

@@ -7,7 +7,7 @@
 
 The step is the trainer's own (``Trainer.step`` on batches from ``Batches`` with the
 recipe's augmentation and mixing), on random uint8 images, in one process. Every
-forward and backward of the layer classes, the loss, the optimizer step and each
+forward and backward of the layer classes, the loss, the optimizer's update and each
 augmentation is wrapped with a timer; a call is charged its time minus that of the
 wrapped calls inside it (exclusive time), so the parts add up to the whole step.
 On a GPU each wrapped call starts and ends with a synchronization, so that its
@@ -148,7 +148,7 @@ def main(argv=None):
         profile.wrap(owner, name, label)
     for name in AUGMENTATIONS:
         profile.wrap(augment, name, f"augment.{name}")
-    profile.wrap(trainer.optimizer, "step", f"{type(trainer.optimizer).__name__}.step")
+    profile.wrap(trainer.optimizer, "update", f"{type(trainer.optimizer).__name__}.update")
     # a pipeline keeps the functions it was built from
     batches = make_batches(trainer.config, args.images)
     steps, seconds = train(trainer, batches, range(1 + args.epochs, 1 + 2 * args.epochs))

@@ -12,6 +12,9 @@ model from seed 0; the torch model is ``tests/torch_reference.torch_vit_from(mod
 - inference: tinyvit ``model.eval()`` then ``model.forward(x)``; torch ``model.eval()`` under
   ``torch.inference_mode()``.
 
+The "graph" tier (runner tinyvit-graph, on a GPU) is the fast tier with its training step's
+device part, and its inference, captured in CUDA graphs (``tinyvit.fast.graphs``) and replayed.
+
 Each ``--tiers`` runner builds tinyvit's layers of its tier (a layer's tier is fixed when it is
 built; with ``--workers`` each worker builds its replica in the same tier). Before timing, one
 batch goes through every model: each one's logits (train and eval mode) must agree with the
@@ -33,10 +36,11 @@ import numpy as np
 from machine import blas_threads, torch, torch_sync
 from tinyvit import backend
 from tinyvit.fast import for_tier
+from tinyvit.fast.graphs import Captured
 from tinyvit.models import ViT, ViTConfig
 from tinyvit.nn.loss import SoftmaxCrossEntropy
 from tinyvit.nn.optim import AdamW
-from tinyvit.train.gradients import loss_and_gradients
+from tinyvit.train.gradients import forward_backward
 from tinyvit.train.parallel import DataParallel
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,7 +57,8 @@ CONFIGS = {
 }
 LR, WEIGHT_DECAY, LABEL_SMOOTHING = 1e-3, 0.05, 0.1
 LOGITS_TOL, LOSS_TOL = 1e-4, 1e-5
-RUNNER_NAMES = {"fast": "tinyvit", "reference": "tinyvit-reference"}  # tier -> runner's name
+RUNNER_NAMES = {"fast": "tinyvit", "reference": "tinyvit-reference",  # tier -> runner's name
+                "graph": "tinyvit-graph"}
 TIER_OF = {name: tier for tier, name in RUNNER_NAMES.items()}
 
 
@@ -71,12 +76,15 @@ class TinyvitRunner:
 
     def __init__(self, config, images, labels, workers=1, tier="fast"):
         self.tier, self.name = tier, RUNNER_NAMES[tier]
-        self.tiered = for_tier(tier)  # as the trainer: model, loss and optimizer
+        self.tiered = for_tier("fast" if tier == "graph" else tier)  # as the trainer's
         self.model = self.tiered(ViT(config, seed=0, dtype=np.float32))
         self.x, self.y = backend.to_device(images), backend.to_device(labels)
         self.loss_fn = self.tiered(SoftmaxCrossEntropy(label_smoothing=LABEL_SMOOTHING))
         self.optimizer = None
         self.workers, self.parallel = workers, None
+        self.update, self.forward = self.device_step, self.eval_forward
+        if tier == "graph":
+            self.update, self.forward = Captured(self.device_step), Captured(self.eval_forward)
 
     def decay_names(self):
         """State-dict keys of the parameters AdamW decays (state_dict follows parameters())."""
@@ -100,17 +108,27 @@ class TinyvitRunner:
         self.model.train(mode)
 
     def train_step(self):
+        self.optimizer.advance()
         if self.parallel is None:
-            loss, _ = loss_and_gradients(self.model, self.loss_fn, self.x, self.y, seed=0)
+            self.model.seed_dropout(0)
+            loss, = self.update(self.x, self.y)
         else:  # the workers' gradients, combined in the model's gradient buffer
             loss, _ = self.parallel.gradients(self.x, self.targets)
-        self.optimizer.step()
+            self.optimizer.update()
         self.last_loss = loss
         return loss
 
+    def device_step(self, x, y):
+        """The training step on the device: forward, loss, backward, AdamW's update."""
+        loss, _ = forward_backward(self.model, self.loss_fn, x, y)
+        self.optimizer.update()
+        return (loss,)
+
+    def eval_forward(self, x):
+        return (self.model.forward(x),)
+
     def infer(self):
-        return (self.model.forward(self.x) if self.parallel is None
-                else self.parallel.forward(self.x))
+        return self.forward(self.x)[0] if self.parallel is None else self.parallel.forward(self.x)
 
     def logits_and_loss(self):
         """Host logits and loss of a forward in the current mode (for the check)."""

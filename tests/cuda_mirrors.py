@@ -33,15 +33,16 @@ def bias_gelu_backward(u, b, dy, du, n, D):
     gelu_backward(u.reshape(-1, D) + b, dy.reshape(-1, D), du.reshape(-1, D), n)
 
 
-def splitmix64(key, i):
-    """Output i (an array of indices) of SplitMix64 seeded with ``key``, as uint64."""
-    z = np.uint64(key) + (i.astype(np.uint64) + np.uint64(1)) * np.uint64(0x9E3779B97F4A7C15)
+def splitmix64(seed, i):
+    """Output i (an array of indices) of SplitMix64 seeded with ``seed``, as uint64."""
+    z = np.uint64(seed) + (i.astype(np.uint64) + np.uint64(1)) * np.uint64(0x9E3779B97F4A7C15)
     z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     return z ^ (z >> np.uint64(31))
 
 
-def dropout_apply(x, y, n, key, p, scale):
+def dropout_apply(x, y, n, seed, draw, p, scale):
+    key = splitmix64(seed[0], np.array([draw]))[0]
     u = (splitmix64(key, np.arange(n)) >> np.uint64(11)).astype(np.float64) / 2.0**53
     y.reshape(-1)[...] = np.where(u >= p, x.reshape(-1) * scale, 0)
 
@@ -165,12 +166,34 @@ def cross_entropy_labels(z, labels, smoothing, loss_rows, grad, B, K):
     cross_entropy_soft(z, t, loss_rows, grad, B, K)
 
 
-def adamw_update(p, g, m, v, decay, n, lr, beta1, one_minus_beta1, beta2, one_minus_beta2, eps,
-                 weight_decay, bias1, bias2_sqrt):
+def adamw_update(p, g, m, v, decay, n, schedule, beta1, one_minus_beta1, beta2, one_minus_beta2,
+                 eps, weight_decay):
+    lr, bias1, bias2_sqrt = schedule.astype(p.dtype)
     p -= lr * weight_decay * decay * p
     m[...] = beta1 * m + one_minus_beta1 * g
     v[...] = beta2 * v + one_minus_beta2 * g * g
     p -= lr / bias1 * m / (np.sqrt(v) / bias2_sqrt + eps)
+
+
+def gemm(transa, transb, m, n, k, alpha, A, lda, stride_a, B, ldb, stride_b, beta, C, ldc,
+         stride_c, batch):
+    """cuBLAS's strided batched GEMM (``tinyvit.fast.cublas.gemm``) as its documentation
+    states it, on the flat buffers: column-major matrices, each leading dimension at
+    least its matrix's rows, C not read where beta is 0."""
+    assert A.dtype == B.dtype == C.dtype and all(a.flags.c_contiguous for a in (A, B, C))
+
+    def matrix(buffer, start, ld, rows, cols):  # column-major (rows, cols) at buffer[start]
+        assert ld >= max(1, rows) and (cols == 0 or start + (cols - 1) * ld + rows <= buffer.size)
+        flat = buffer.reshape(-1)
+        return np.lib.stride_tricks.as_strided(flat[start:], (rows, cols),
+                                               (flat.itemsize, ld * flat.itemsize))
+
+    for i in range(batch):
+        a = matrix(A, i * stride_a, lda, *((k, m) if transa else (m, k)))
+        b = matrix(B, i * stride_b, ldb, *((n, k) if transb else (k, n)))
+        c = matrix(C, i * stride_c, ldc, m, n)
+        product = alpha * (a.T if transa else a) @ (b.T if transb else b)
+        c[...] = product if beta == 0 else product + beta * c
 
 
 MIRRORS = {f.__name__: f for f in (

@@ -83,7 +83,7 @@ def test_every_turn_starts_with_untimed_steps(measure, monkeypatch, warmup, slow
     (SCRIPT, ["--warmup", "-1"], "--warmup must be at least 0, got -1"),
     (SCRIPT, ["--configs", "A,Z"], "unknown config(s) ['Z']; known: A, B, C"),
     (SCRIPT, ["--tiers", "fast,quick"],
-     "--tiers: expected distinct names among fast, reference, got fast,quick"),
+     "--tiers: expected distinct names among fast, reference, graph, got fast,quick"),
     (SCRIPT, ["--baseline", "/nonexistent"],
      "--baseline: expected a source tree holding tinyvit/__init__.py, got /nonexistent"),
     (PROFILE, ["--images", "0"], "--images must be at least 1, got 0"),
@@ -215,7 +215,7 @@ def test_profile_charges_every_part_of_the_step(flags, layers):
     step = float(lines[2].split("timers: ")[1].split(" ms")[0])
     parts = {line[:32].strip(): float(line[32:]) for line in lines[3:]}
     assert {"Linear.backward", "Attention.forward", "GELU.forward", "LayerNorm.backward",
-            "AdamW.step", "augment.random_crop", "augment.horizontal_flip",
+            "AdamW.update", "augment.random_crop", "augment.horizontal_flip",
             "everything else"} <= set(parts)
     assert sum(parts.values()) == pytest.approx(step, abs=0.02 * len(parts))  # printed to 0.01 ms
 

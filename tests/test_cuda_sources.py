@@ -18,11 +18,12 @@ import numpy as np
 import pytest
 from cuda_on_cpu import compiler, cpu_kernel, signatures
 
+import cuda_mirrors
 from conftest import jitter, output_shape, randn
 from cuda_mirrors import MIRRORS
 from tinyvit import backend as B
 from tinyvit.fast import compile as cuda
-from tinyvit.fast import gpu
+from tinyvit.fast import cublas, gpu
 from tinyvit.models import ViT
 from tinyvit.nn import conv, layers, loss, optim
 
@@ -87,7 +88,8 @@ def check_argument(c_type, value, dtype, where):
     """``value`` as a launch passes it for a C parameter of type ``c_type``."""
     t = c_type.replace("const ", "")
     if t.endswith("*"):
-        element = {"T*": dtype, "long long*": np.dtype(np.int64)}[t]
+        element = {"T*": dtype, "long long*": np.dtype(np.int64), "double*": np.dtype(np.float64),
+                   "unsigned long long*": np.dtype(np.uint64)}[t]
         assert isinstance(value, np.ndarray) and value.dtype == element, where
         assert value.flags.c_contiguous, f"{where}: a kernel ignores strides"
     else:
@@ -120,8 +122,10 @@ def mirrored_kernel(name, function, dtype):
 
 @pytest.fixture
 def mirrored(monkeypatch):
-    """NumPy in float64 default, and every kernel launch checked and mirrored."""
+    """NumPy in float64 default, every kernel launch checked and mirrored, and cuBLAS's
+    GEMM its NumPy model (cuda_mirrors.gemm)."""
     monkeypatch.setattr(cuda, "kernel", mirrored_kernel)
+    monkeypatch.setattr(cublas, "gemm", cuda_mirrors.gemm)
     with B.using_backend("numpy"), B.default_dtype("float64"):
         yield
 
@@ -141,6 +145,7 @@ def launched(request, monkeypatch, tmp_path_factory):
         def stand_in(name, function, dtype):
             return checked_kernel(name, function, dtype, cpu_kernel(name, function, dtype, folder))
     monkeypatch.setattr(cuda, "kernel", stand_in)
+    monkeypatch.setattr(cublas, "gemm", cuda_mirrors.gemm)
     with B.using_backend("numpy"), B.default_dtype("float64"):
         yield
 
@@ -233,6 +238,37 @@ def test_the_block_defers_the_biases_only_where_no_dropout_follows_them(mirrored
         assert block.defers_biases(h) is defers
 
 
+@pytest.mark.parametrize("transpose_a", [False, True])
+@pytest.mark.parametrize("transpose_b", [False, True])
+@pytest.mark.parametrize("batch, shared_b", [((), False), ((2, 3), False), ((2,), True)])
+def test_matmul_asks_cublas_for_the_row_major_product(mirrored, transpose_a, transpose_b, batch,
+                                                      shared_b):
+    """op(a) @ op(b) through cuBLAS's column-major GEMM, batched (b one matrix for
+    the whole batch, or one per matrix of a), at odd sizes; with ``out`` the product
+    is added to it."""
+    m, k, n = 5, 7, 3
+    a = randn(*batch, *((k, m) if transpose_a else (m, k)))
+    b = randn(*(() if shared_b else batch), *((n, k) if transpose_b else (k, n)), seed=1)
+    expected = (np.swapaxes(a, -1, -2) if transpose_a else a) @ (
+        np.swapaxes(b, -1, -2) if transpose_b else b)
+    product = cublas.matmul(a, b, transpose_a, transpose_b)
+    assert product.shape == (*batch, m, n) and rel_err(product, expected) <= 1e-15
+    out = randn(*batch, m, n, seed=2)
+    total = out + expected
+    assert cublas.matmul(a, b, transpose_a, transpose_b, out=out) is out
+    assert rel_err(out, total) <= 1e-15
+
+
+def test_matmul_names_what_it_cannot_multiply(mirrored):
+    a = randn(4, 5)
+    with pytest.raises(ValueError, match=r"cannot multiply \(4, 5\) by \(4, 3\)"):
+        cublas.matmul(a, randn(4, 3))
+    with pytest.raises(ValueError, match="C-contiguous arrays of one dtype"):
+        cublas.matmul(a.T, randn(4, 3))
+    with pytest.raises(ValueError, match=r"out must be C-contiguous \(4, 3\)"):
+        cublas.matmul(a, randn(5, 3), out=randn(3, 4))
+
+
 def test_layernorm_names_an_input_it_cannot_read(mirrored):
     norm = layers.LayerNorm(7).astype("float32")
     norm.__class__ = gpu.LayerNorm
@@ -289,8 +325,9 @@ def test_the_gpu_adamw_launches_its_kernel_as_declared(launched, dtype):
 
 
 def gpu_dropout(p, seed=0):
-    layer = layers.Dropout(p, rng=B.host_rng(seed))
+    layer = layers.Dropout(p)
     layer.__class__ = gpu.Dropout
+    layer.rng = gpu.step_keys(seed)
     return layer
 
 
@@ -311,10 +348,25 @@ def test_the_gpu_dropout_draws_a_mask_and_its_backward_draws_it_again(launched, 
     assert layer.forward(x) is x and layer.backward(dout) is dout
 
 
-def test_the_gpu_dropout_mask_is_the_key_s_alone(launched):
-    """Two layers seeded alike draw the same masks, whatever their inputs."""
-    a, b = gpu_dropout(0.5, seed=7), gpu_dropout(0.5, seed=7)
-    assert np.array_equal(a.forward(randn(9, 13)) != 0, b.forward(randn(9, 13, seed=2)) != 0)
+def test_the_gpu_dropout_mask_is_the_seed_s_and_its_number_s_alone(launched):
+    """Reseeded alike, two layers draw the same masks in the same order, whatever
+    their inputs; the second mask of a seed is not its first."""
+    a, b = gpu_dropout(0.5), gpu_dropout(0.5)
+    masks = []
+    for layer in (a, b):
+        gpu.step_keys(7)
+        masks.append([layer.forward(randn(9, 13, seed=s)) != 0 for s in (1, 2)])
+    assert all(np.array_equal(ours, theirs) for ours, theirs in zip(*masks))
+    assert not np.array_equal(*masks[0])
+
+
+def test_the_gpu_dropout_seed_stays_where_it_was_written(mirrored):
+    """Every reseeding writes the same device memory, which each mask's launch reads:
+    what a captured step needs to draw new masks each step."""
+    first = gpu.step_keys(1).seed
+    assert gpu.step_keys(2).seed is first
+    assert gpu_dropout(0.5, seed=3).rng.seed is first and first[0] == B.host_rng(3).integers(
+        2**63, size=1, dtype="uint64")[0]
 
 
 def test_seed_dropout_gives_each_kind_of_dropout_its_generator(mirrored):

@@ -145,14 +145,18 @@ def test_fast_adamw_equals_reference(backend, dtype):
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_fast_dropout_draws_the_mask_of_its_numpy_mirror(backend, dtype):
     """The kernel's mask is the one the NumPy mirror of its generator draws from the
-    same key, forward and backward."""
+    same seed and mask number, forward and backward."""
     kernel_or_skip(layers.Dropout, backend)
-    layer = fast.accelerate(layers.Dropout(0.3, rng=B.host_rng(0)))
+    layer = fast.accelerate(layers.Dropout(0.3))
+    layers.seed_dropouts([layer], 0)
     x, dout = randn(7, 301).astype(dtype), randn(7, 301, seed=1).astype(dtype)
+    layer.forward(x)  # a first mask: the one checked is number 1
     y = layer.forward(x)
-    key, expected = layer.cache, np.empty(x.shape, dtype=dtype)
+    mask, expected = layer.cache, np.empty(x.shape, dtype=dtype)
+    seed = B.to_host(mask.keys.seed)
+    assert mask.draw == 1
     for ours, theirs in ((y, B.to_host(x)), (layer.backward(dout), B.to_host(dout))):
-        dropout_apply(theirs, expected, x.size, key, 0.3, dtype(1 / 0.7))
+        dropout_apply(theirs, expected, x.size, seed, mask.draw, 0.3, dtype(1 / 0.7))
         assert rel_err(ours, expected) <= TOLERANCE[dtype]
 
 

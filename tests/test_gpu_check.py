@@ -101,10 +101,11 @@ def test_the_dry_run_reads_each_phases_figures(dry_run):
     # the steps are taken on NumPy, and nothing is counted without a GPU
     assert figures["launches"] == {"batch": 8, "steps": 5, "backend": "numpy",
                                    "configs": {"A": {"reference": None, "fast": None,
-                                                     "fast-infer": None}}}
+                                                     "fast-infer": None, "graph": None}}}
     for name, batch in (("benchmark-128", 8), ("benchmark-1024", 64)):
         config = figures[name]["configs"]["A"]
         assert config["batch"] == batch and config["tinyvit"]["train_ms"] > 0
+        assert config["tinyvit-graph"]["train_ms"] > 0
         assert figures[name]["tf32"] == "none: float32 on the CPU"
     if figures["cifar10"] is not None:
         training = figures["cifar10"]
@@ -126,16 +127,17 @@ def test_the_gpu_run_gives_the_documented_commands(gpu_check, tmp_path):
         "fast-tests": "python -m pytest -q tests/test_fast.py",
         "launches": f"python benchmarks/launches.py --json {out}/launches.json",
         "benchmark-128": f"{unset} python benchmarks/benchmark.py --gpu --configs A,B,C "
-                         f"--batch 128 --json {out}/benchmark-128.json",
+                         f"--batch 128 --tiers fast,graph --json {out}/benchmark-128.json",
         "benchmark-1024": f"{unset} python benchmarks/benchmark.py --gpu --configs A,B,C "
-                          f"--batch 1024 --json {out}/benchmark-1024.json",
+                          f"--batch 1024 --tiers fast,graph --json {out}/benchmark-1024.json",
         # 500 s of the budget left, 30 of them for starting and the final report
         "cifar10": f"env CUPY_TF32=1 python train_mnist.py --recipe cifar10-gpu --data-dir {data} "
                    f"--out {out}/cifar10 --budget 7.8",
     }
     bench = load_script(ROOT / "benchmarks" / "benchmark.py").parse_args(
         commands["benchmark-1024"].argv[2:])
-    assert (bench.gpu, bench.configs, bench.batch) == (True, ["A", "B", "C"], 1024)
+    assert (bench.gpu, bench.configs, bench.batch, bench.tiers) == (
+        True, ["A", "B", "C"], 1024, ["fast", "graph"])
     train_mnist = load_script(ROOT / "train_mnist.py")
     config = train_mnist.make_config(train_mnist.parse_args(commands["cifar10"].argv[2:])[0])
     assert (config.dataset, config.backend, config.budget) == ("cifar10", "cupy", 7.8)

@@ -140,6 +140,15 @@ def to_host(a):
     return numpy.asarray(a)
 
 
+def write(a, values):
+    """Copy host ``values`` (a sequence or NumPy array of a's shape) into the array
+    ``a`` in place; on a GPU queued on the current stream, the host not waiting."""
+    if _active is numpy:
+        a[...] = values
+    else:
+        a.set(numpy.ascontiguousarray(values, dtype=a.dtype).reshape(a.shape))
+
+
 def is_array(a):
     """True for an ndarray of the active backend."""
     return isinstance(a, _active.ndarray)

@@ -10,8 +10,9 @@ work of its forward and backward in one or two kernels of ``kernels/*.cu``
 - ``GELU``: the exact form, forward and backward one launch each (the tanh form
   runs the reference);
 - ``MLP``: fc1's bias added inside the GELU's kernel, each way;
-- ``Dropout``: the mask drawn inside the kernel from a counter-based generator,
-  never stored: the backward draws it again, one launch each way;
+- ``Dropout``: the mask drawn inside the kernel from a counter-based generator
+  seeded from device memory (``DeviceKeys``), never stored: the backward draws
+  it again, one launch each way;
 - ``LayerNorm``: forward one launch (a warp per row), backward one for dx and one
   for the gamma and beta gradients (a reduction down the columns);
 - ``Block``: the residual adds inside the LayerNorms' kernels, and where no
@@ -22,19 +23,26 @@ work of its forward and backward in one or two kernels of ``kernels/*.cu``
   in one launch each way, from the qkv projection before its bias to the merged
   heads (the bias, the split into heads, the scores, the softmax, A v and the
   merge), and back; where that does not fit, the softmax with the 1/sqrt(Dh)
-  scale folded in, one launch each way, the matmuls CuPy's (cuBLAS);
+  scale folded in, one launch each way, the matmuls cuBLAS's;
 - ``SoftmaxCrossEntropy``: the loss and its gradient in one launch;
-- ``AdamW``: the whole update of the flat parameter buffer in one launch;
-- ``Linear``: the reference, its bias gradient (a sum down the columns) in one
-  launch; ``project`` is its forward without the bias, for a kernel that adds it.
+- ``AdamW``: the whole update of the flat parameter buffer in one launch, its
+  learning rate read from device memory;
+- ``Linear``: the reference, its matmuls through ``cublas.py`` and its bias
+  gradient (a sum down the columns) in one launch; ``project`` is its forward
+  without the bias, for a kernel that adds it.
+
+Nothing in a step reads its changing values (the learning rate, dropout's seed)
+from a kernel's arguments, and no matmul goes through CuPy's cuBLAS wrapper: a
+step can be captured in a CUDA graph and replayed (``graphs.py``).
 
 ``tests/test_fast.py`` checks every class here against its reference on a GPU;
 ``tests/test_cuda_sources.py`` compiles every kernel without one.
 """
 
+import functools
 from typing import NamedTuple
 
-from ..backend import host_rng, xp
+from ..backend import get_backend, host_rng, write, xp
 from ..checks import check_float, check_images
 from ..nn import conv, layers, loss, optim
 from .compile import (
@@ -46,6 +54,7 @@ from .compile import (
     scalars,
 )
 from .cpu import FastKernel
+from .cublas import matmul
 
 # kernels/attention.cu's limits: the most tokens, the largest head, a block's warps; and
 # the shared memory a block may have without asking the driver for more
@@ -62,27 +71,35 @@ def check_rows(x, weight, layer):
 
 
 class Linear(FastKernel, layers.Linear):
-    """The reference Linear; its backward adds the bias gradient, a sum down the
-    rows of dy, in one launch (kernels/linear.cu) where a matrix-vector product
-    takes three (a vector of ones, the product, the add)."""
+    """The reference Linear, its matmuls through ``cublas.matmul`` (which a CUDA graph
+    can capture) and its weight gradient added by the matmul itself; its backward
+    adds the bias gradient, a sum down the rows of dy, in one launch
+    (kernels/linear.cu) where a matrix-vector product takes three."""
+
+    def forward(self, x):
+        y = self.project(x)
+        if self.bias is not None:
+            y += self.bias.data
+        return y
 
     def project(self, x):
         """x W^T, (..., out): the forward without its bias, which the kernel after it
         adds; the cache is the forward's, so the backward is the same."""
-        self.check_input(x)
+        check_rows(x, self.weight.data[0], "Linear")
         x2 = xp.ascontiguousarray(x).reshape(-1, self.in_features)  # (M, in)
         self.cache = x2 if self.training else None
-        return (x2 @ self.weight.data.T).reshape(*x.shape[:-1], self.out_features)
+        y = matmul(x2, self.weight.data, transpose_b=True)  # (M, out)
+        return y.reshape(*x.shape[:-1], self.out_features)
 
     def backward(self, dout):
         x2 = self._take_cache()
         dout2 = xp.ascontiguousarray(dout).reshape(-1, self.out_features)  # (M, out)
-        self.weight.grad += dout2.T @ x2
+        matmul(dout2, x2, transpose_a=True, out=self.weight.grad)  # dW += dy^T x
         if self.bias is not None:
             M, D = dout2.shape
             launch_columns("linear", "bias_grad", M, D,
                            (dout2, self.bias.grad, xp.int64(M), xp.int32(D)), dout2.dtype)
-        return (dout2 @ self.weight.data).reshape(*dout.shape[:-1], self.in_features)
+        return matmul(dout2, self.weight.data).reshape(*dout.shape[:-1], self.in_features)
 
 
 class GELU(FastKernel, layers.GELU):
@@ -167,34 +184,81 @@ class MLP(FastKernel, layers.MLP):
         return self.fc1.backward(du)
 
 
-def dropout(x, key, p):
-    """x * keep / (1 - p), the mask drawn from ``key`` inside the kernel."""
+class DeviceKeys:
+    """Dropout's random keys, kept on the device: the 64-bit seed of a step in device
+    memory, and the count of masks drawn from it so far. Mask number ``draw`` takes
+    its key from the two inside the kernel (kernels/dropout.cu), so the launches of
+    a forward read the seed from memory, not from their arguments: a CUDA graph that
+    captured them draws new masks each time the seed is rewritten."""
+
+    def __init__(self):
+        self.seed = xp.zeros(1, dtype=xp.uint64)
+        self.draws = 0
+
+    def reseed(self, seed):
+        """Start drawing from ``seed`` (an int or a tuple), written into the same
+        device memory, queued on the current stream."""
+        write(self.seed, host_rng(seed).integers(2**63, size=1, dtype="uint64"))
+        self.draws = 0
+        return self
+
+    def draw(self):
+        """The number of the next mask."""
+        self.draws += 1
+        return self.draws - 1
+
+
+@functools.cache
+def device_keys(backend):
+    return DeviceKeys()
+
+
+def step_keys(seed):
+    """The process's one ``DeviceKeys`` (of the active backend), reseeded with
+    ``seed``: what ``seed_dropouts`` gives the GPU dropouts, one seed in one place,
+    so a captured step reads each step's seed where it was captured."""
+    return device_keys(get_backend()).reseed(seed)
+
+
+class Mask(NamedTuple):
+    """A dropout mask as the kernel draws it: from the keys' seed and its number."""
+
+    keys: DeviceKeys
+    draw: int
+
+
+def dropout(x, mask, p):
+    """x * keep / (1 - p), the mask drawn inside the kernel."""
     x = xp.ascontiguousarray(x)
     y = xp.empty_like(x)
-    args = (x, y, xp.int64(x.size), xp.uint64(key), xp.float64(p), *scalars(x.dtype, 1 / (1 - p)))
+    args = (x, y, xp.int64(x.size), mask.keys.seed, xp.uint64(mask.draw), xp.float64(p),
+            *scalars(x.dtype, 1 / (1 - p)))
     launch_elementwise("dropout", "dropout_apply", x.size, args, x.dtype)
     return y
 
 
 class Dropout(FastKernel, layers.Dropout):
-    """The mask from a counter-based generator inside the kernel (kernels/dropout.cu):
-    each forward draws one 64-bit key from ``rng``, a generator on the host
-    (``model.seed_dropout`` gives it one), so no random state lives on the device and
-    nothing is read from it. The cache is the key: the backward draws the same mask
-    from it again, and no mask is kept between the passes."""
+    """The mask from a counter-based generator inside the kernel (kernels/dropout.cu),
+    from the ``DeviceKeys`` that ``model.seed_dropout`` gives the layer: no random
+    state lives on the device but a seed, and nothing is read back from it. The cache
+    is the mask's number: the backward draws the same mask from it again, and no mask
+    is kept between the passes. A layer given another generator (``rng=``) runs the
+    reference's forward with it."""
 
-    generator = staticmethod(host_rng)
+    generator = staticmethod(step_keys)
 
     def forward(self, x):
-        if not self.training or self.p == 0.0 or self.rng is None:
-            return super().forward(x)  # the identity, or the reference's error
-        key = int(self.rng.integers(2**63))
-        self.cache = key
-        return dropout(x, key, self.p)
+        if not (self.training and self.p and isinstance(self.rng, DeviceKeys)):
+            return super().forward(x)  # the identity, the reference's mask, or its error
+        self.cache = Mask(self.rng, self.rng.draw())
+        return dropout(x, self.cache, self.p)
 
     def backward(self, dout):
-        key = self._take_cache()
-        return dout if isinstance(key, float) else dropout(dout, key, self.p)
+        mask = self.cache
+        if not isinstance(mask, Mask):
+            return super().backward(dout)
+        self.cache = None
+        return dropout(dout, mask, self.p)
 
 
 class LayerNorm(FastKernel, layers.LayerNorm):
@@ -346,22 +410,24 @@ def scaled_softmax_backward(A, dA, scale):
 class FastAttentionCore(FastKernel):
     """``attend`` and ``attend_backward`` of the reference attention with its softmax
     and the 1/sqrt(Dh) scale in one kernel each way: the scores S = q k^T are never
-    scaled by a launch of their own, nor dS."""
+    scaled by a launch of their own, nor dS. The matmuls are ``cublas.matmul``'s."""
 
     def attend(self, q, k, v):
-        A = scaled_softmax(q @ k.transpose(0, 1, 3, 2), self.scale)  # (B, NH, Q, N)
+        q, k, v = (xp.ascontiguousarray(a) for a in (q, k, v))  # (B, NH, N or Q, Dh)
+        A = scaled_softmax(matmul(q, k, transpose_b=True), self.scale)  # (B, NH, Q, N)
         self.attn = A if self.keep_attn else None
         Ad = self.attn_drop.forward(A)
         self.cache = (q, k, v, A, Ad) if self.training else None
-        return Ad @ v  # (B, NH, Q, Dh)
+        return matmul(Ad, v)  # (B, NH, Q, Dh)
 
     def attend_backward(self, dctx):
         q, k, v, A, Ad = self._take_cache()
-        dAd = dctx @ v.transpose(0, 1, 3, 2)  # (B, NH, Q, N)
-        dv = Ad.transpose(0, 1, 3, 2) @ dctx  # (B, NH, N, Dh)
+        dctx = xp.ascontiguousarray(dctx)  # (B, NH, Q, Dh)
+        dAd = matmul(dctx, v, transpose_b=True)  # (B, NH, Q, N)
+        dv = matmul(Ad, dctx, transpose_a=True)  # (B, NH, N, Dh)
         dS = scaled_softmax_backward(A, self.attn_drop.backward(dAd), self.scale)  # scale in
-        dq = dS @ k  # (B, NH, Q, Dh)
-        dk = dS.transpose(0, 1, 3, 2) @ q  # (B, NH, N, Dh)
+        dq = matmul(dS, k)  # (B, NH, Q, Dh)
+        dk = matmul(dS, q, transpose_a=True)  # (B, NH, N, Dh)
         return dq, dk, dv
 
 
@@ -481,14 +547,25 @@ class SoftmaxCrossEntropy(FastKernel, loss.SoftmaxCrossEntropy):
 
 
 class AdamW(FastKernel, optim.AdamW):
-    """The reference AdamW's update in one launch (kernels/adamw.cu)."""
+    """The reference AdamW's update in one launch (kernels/adamw.cu). What changes
+    from step to step, the learning rate and the bias corrections, ``advance``
+    writes into device memory, ``schedule``, where the kernel reads it: the update
+    queues the same launch every step (a CUDA graph can replay it)."""
 
-    def _update(self, lr):
+    schedule = None  # made at the first step (``accelerate`` swaps a built optimizer's class)
+
+    def advance(self, lr=None):
+        super().advance(lr)
+        if self.schedule is None:
+            self.schedule = xp.zeros(3, dtype=xp.float64)  # lr, bias1, bias2_sqrt
+        t = self.t
+        write(self.schedule, [self.step_lr, 1 - self.beta1**t, (1 - self.beta2**t) ** 0.5])
+
+    def update(self):
         dtype = self.data.dtype
         args = (self.data, self.grad, self.m, self.v, self.decay, xp.int64(self.data.size),
-                *scalars(dtype, lr, self.beta1, 1 - self.beta1, self.beta2, 1 - self.beta2,
-                         self.eps, self.weight_decay, 1 - self.beta1**self.t,
-                         (1 - self.beta2**self.t) ** 0.5))
+                self.schedule, *scalars(dtype, self.beta1, 1 - self.beta1, self.beta2,
+                                        1 - self.beta2, self.eps, self.weight_decay))
         launch_elementwise("adamw", "adamw_update", self.data.size, args, dtype)
 
 

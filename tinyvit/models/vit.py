@@ -84,10 +84,10 @@ class ViT(Module):
         self.seed_dropout(seed)
 
     def seed_dropout(self, seed):
-        """Give every Dropout layer with p > 0 one fresh generator, shared, of the
-        kind its class draws from (``Dropout.generator``: on the active backend for
-        the reference, on the host for the GPU kernel's keys; ``seed_dropouts``);
-        ``seed`` is an int or a tuple such as (seed, step)."""
+        """Give every Dropout layer with p > 0 one generator seeded ``seed``, shared,
+        of the kind its class draws from (``Dropout.generator``: a fresh one on the
+        active backend for the reference, the GPU kernel's ``DeviceKeys`` reseeded in
+        place; ``seed_dropouts``); ``seed`` is an int or a tuple such as (seed, step)."""
         if self._dropouts is None:
             self._dropouts = tuple(m for _, m in self.named_modules()
                                    if isinstance(m, Dropout) and m.p > 0)

@@ -25,11 +25,18 @@ class Optimizer:
         self._scratch = xp.empty_like(self.data)
 
     def step(self, lr=None):
-        """One update with learning rate ``lr`` (default: ``self.lr``)."""
-        self.t += 1
-        self._update(self.lr if lr is None else lr)
+        """One update with learning rate ``lr`` (default: ``self.lr``): the host's part,
+        then the arrays'."""
+        self.advance(lr)
+        self.update()
 
-    def _update(self, lr):
+    def advance(self, lr=None):
+        """Count the step and set its learning rate, ``step_lr``."""
+        self.t += 1
+        self.step_lr = self.lr if lr is None else lr
+
+    def update(self):
+        """Update the parameters from their gradients with ``step_lr``."""
         raise NotImplementedError
 
     def state_dict(self):
@@ -70,8 +77,8 @@ class SGD(Optimizer):
         self.momentum, self.nesterov = momentum, nesterov
         self.buf = xp.zeros_like(self.data)
 
-    def _update(self, lr):
-        g = self._scratch
+    def update(self):
+        g, lr = self._scratch, self.step_lr
         xp.multiply(self.data, self.decay, out=g)
         g *= self.weight_decay
         g += self.grad
@@ -107,8 +114,8 @@ class AdamW(Optimizer):
         self.m = xp.zeros_like(self.data)
         self.v = xp.zeros_like(self.data)
 
-    def _update(self, lr):
-        b1, b2, s = self.beta1, self.beta2, self._scratch
+    def update(self):
+        b1, b2, s, lr = self.beta1, self.beta2, self._scratch, self.step_lr
         xp.multiply(self.data, self.decay, out=s)
         s *= lr * self.weight_decay
         self.data -= s  # decoupled weight decay
@@ -136,8 +143,10 @@ def warmup_cosine(step, total_steps, warmup_steps, peak_lr, min_lr=0.0):
 
 
 def grad_norm(grad):
-    """The global L2 norm of the flat gradient, as a 0-d array (no host transfer)."""
-    return xp.sqrt(xp.dot(grad, grad))
+    """The global L2 norm of the flat gradient, as a 0-d array (no host transfer; a
+    sum of squares, not a dot product, which on a GPU would be a cuBLAS call that a
+    CUDA graph cannot capture through CuPy)."""
+    return xp.sqrt(xp.square(grad).sum())
 
 
 def clip_grad_norm(grad, max_norm):

@@ -43,6 +43,7 @@ class TrainConfig:
     freeze_backbone: bool = False  # train the head alone (a linear probe)
     budget: float = 0.0  # minutes for the whole run: epochs planned after the first (0: off)
     tier: str = "fast"  # "fast": the kernels of tinyvit.fast; "reference": the layers as written
+    cuda_graph: bool = False  # capture the step on the GPU in a CUDA graph (tinyvit.fast.graphs)
 
     def __post_init__(self):
         """Every value is checked here, so that a bad one is named before a run starts."""
@@ -52,6 +53,8 @@ class TrainConfig:
             raise ValueError(f"optimizer must be 'adamw' or 'sgd', got {self.optimizer!r}")
         if self.tier not in ("fast", "reference"):
             raise ValueError(f"tier must be 'fast' or 'reference', got {self.tier!r}")
+        if self.cuda_graph:
+            self.check_cuda_graph()
         check_fields(self, ("epochs", "batch_size", "eval_batch_size", "eval_every", "log_every",
                             "workers"),
                      lambda n: n >= 1, "at least 1")
@@ -61,6 +64,15 @@ class TrainConfig:
                      lambda x: x >= 0, "at least 0")
         check_fields(self, ("label_smoothing",), lambda p: 0.0 <= p < 1.0, "in [0, 1)")
         check_fields(self, ("erasing",), lambda p: 0.0 <= p <= 1.0, "in [0, 1]")
+
+    def check_cuda_graph(self):
+        """A CUDA graph captures the fast tier's kernels on a GPU, AdamW's included (its
+        learning rate read from device memory), in one process."""
+        needs = {"backend": "cupy", "tier": "fast", "optimizer": "adamw", "workers": 1}
+        for field, value in needs.items():
+            if getattr(self, field) != value:
+                raise ValueError(f"cuda_graph needs {field} {value!r}, got "
+                                 f"{getattr(self, field)!r}")
 
     def model_fields(self):
         """The ViTConfig fields the run sets: the dataset's channels, image size and

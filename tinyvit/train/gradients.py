@@ -4,9 +4,16 @@ processes of an MPI run (``distributed.py``) and the benchmarks share."""
 
 
 def loss_and_gradients(model, criterion, x, target, seed, share=1.0):
+    """One training-mode pass over a batch, its dropout masks seeded ``seed``:
+    ``forward_backward`` after ``model.seed_dropout(seed)``. Returns (loss, logits)."""
+    model.seed_dropout(seed)
+    return forward_backward(model, criterion, x, target, share)
+
+
+def forward_backward(model, criterion, x, target, share=1.0):
     """One training-mode pass over a batch: forward, ``criterion``'s loss, backward.
-    The gradients are left in the model's parameters (zeroed first) and ``seed``
-    seeds its dropout masks. Returns (loss, logits).
+    The gradients are left in the model's parameters (zeroed first). Returns (loss,
+    logits).
 
     ``share``: the fraction of a larger batch that ``x`` is. The batch's loss is the
     mean over all its rows, L = sum_r share_r L_r with L_r the mean over share r, so
@@ -14,7 +21,6 @@ def loss_and_gradients(model, criterion, x, target, seed, share=1.0):
     share's part of the batch's, and the parts add up to it."""
     if not model.training:
         model.train()
-    model.seed_dropout(seed)
     logits = model.forward(x)
     loss = criterion.forward(logits, target)
     model.zero_grad()

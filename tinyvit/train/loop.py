@@ -234,7 +234,8 @@ def _print_start(config, trainer, batches, init_notes):
     model, comm = trainer.model, trainer.communicator
     processes = (f"{config.workers} worker(s)" if comm is None
                  else f"{comm.size} processes (MPI)")
-    print(f"layers: {model.describe_tier()}")
+    graph = ", the step captured in a CUDA graph" if config.cuda_graph else ""
+    print(f"layers: {model.describe_tier()}{graph}")
     print(f"{config.dataset}: {batches.images.shape[0]} training images, "
           f"{len(batches)} steps/epoch, {epochs}, backend {get_backend()}, {processes}")
     print(f"model: {model.num_parameters():,} parameters, {model.config}")

@@ -3,10 +3,12 @@
 from ..backend import host_rng, quiet_overflow, xp
 from ..data import augment
 from ..fast import for_tier
+from ..fast.graphs import Captured
+from ..nn.conv import Conv2d
 from ..nn.loss import SoftmaxCrossEntropy
 from ..nn.optim import SGD, AdamW, clip_grad_norm, grad_norm, warmup_cosine
 from .distributed import MPIParallel, check_launch, communicator, launched
-from .gradients import loss_and_gradients
+from .gradients import forward_backward
 from .parallel import DataParallel
 
 
@@ -41,6 +43,10 @@ class Trainer:
         if self.communicator is not None:
             check_launch(config, size)
         self.parallel = None
+        self.update = self.device_step
+        if config.cuda_graph:
+            check_capturable(self.model, size)
+            self.update = Captured(self.device_step)
 
     def head_mask(self):
         """For a linear probe: 1 on the head's entries of the flat parameter buffer, 0
@@ -94,23 +100,36 @@ class Trainer:
         scalars, so nothing waits for the host (the workers' loss is a host float
         already)."""
         x, target = self.mix(x, y, seed + (1,))
+        self.optimizer.advance(lr)
         with quiet_overflow():  # a value that overflows shows in the loss or the norm
             if self.parallel is None:
-                loss, logits = loss_and_gradients(self.model, self.criterion, x, target, seed)
-            else:  # the same, over the workers: their targets are distributions
-                self.criterion.check_target(target, len(x), self.num_classes)
-                self.criterion.check_labels(target, self.num_classes)
-                targets = self.criterion.targets(target, self.num_classes, x.dtype)
-                loss, logits = self.parallel.gradients(x, targets, seed)
-            grad = self.optimizer.grad
-            if self.trainable is not None:
-                grad *= self.trainable
-            if self.config.clip_grad:
-                norm = clip_grad_norm(grad, self.config.clip_grad)
-            else:
-                norm = grad_norm(grad)
-            self.optimizer.step(lr)
-        return loss, (logits.argmax(axis=1) == y).sum(), norm
+                self.model.seed_dropout(seed)
+                return self.update(x, target, y)
+            # the same, over the workers: their targets are distributions
+            self.criterion.check_target(target, len(x), self.num_classes)
+            self.criterion.check_labels(target, self.num_classes)
+            targets = self.criterion.targets(target, self.num_classes, x.dtype)
+            loss, logits = self.parallel.gradients(x, targets, seed)
+            return loss, (logits.argmax(axis=1) == y).sum(), self.apply_gradients()
+
+    def device_step(self, x, target, y):
+        """The step on the device, in this process: forward, loss, backward, update.
+        Returns (loss, correct predictions, gradient norm), as device scalars."""
+        loss, logits = forward_backward(self.model, self.criterion, x, target)
+        return loss, (logits.argmax(axis=1) == y).sum(), self.apply_gradients()
+
+    def apply_gradients(self):
+        """The gradient masked (a linear probe) and clipped, then the optimizer's update
+        with the learning rate ``advance`` set. Returns the norm before clipping."""
+        grad = self.optimizer.grad
+        if self.trainable is not None:
+            grad *= self.trainable
+        if self.config.clip_grad:
+            norm = clip_grad_norm(grad, self.config.clip_grad)
+        else:
+            norm = grad_norm(grad)
+        self.optimizer.update()
+        return norm
 
     def evaluator(self):
         """What ``evaluate`` runs: the model, or the processes when there are some."""
@@ -123,3 +142,17 @@ class Trainer:
         if self.communicator is None:
             return function(*args)
         return self.communicator.broadcast(function(*args) if self.primary else None)
+
+
+def check_capturable(model, processes):
+    """A ValueError unless a CUDA graph can capture this run's step: one process (the
+    parameters are all-reduced between steps), and no layer whose matmuls are CuPy's
+    own (the hybrid's convolutions), which refuse a capture."""
+    if processes > 1:
+        raise ValueError(f"cuda_graph: a captured step runs in one process, got {processes} "
+                         "under mpiexec: drop --cuda-graph or run one process")
+    convolutions = [name for name, m in model.named_modules() if isinstance(m, Conv2d)]
+    if convolutions:
+        raise ValueError(f"cuda_graph: the convolutions of the hybrid's stem ({convolutions[0]}, "
+                         "...) multiply through CuPy's cuBLAS, which a CUDA graph cannot "
+                         "capture: drop --cuda-graph for a hybrid model")
