@@ -10,9 +10,16 @@ every GPU kernel class (shapes, dtypes, argument order, launch shapes) is right.
    launch is checked against the C signature parsed from its source (pointers to
    contiguous arrays of the right dtype, C long and int as int64 and int32, T as
    the arrays' float) and its grid against CUDA's limits, and the classes must
-   give the reference's outputs and gradients. On a GPU, ``tests/test_fast.py``
-   checks the kernels themselves.
+   give the reference's outputs and gradients. cuBLAS's GEMM is replaced the same
+   way, by a NumPy model of its column-major contract (``cuda_mirrors.gemm``), and
+   tinyvit's ctypes binding of it runs over a stand-in library compiled for the
+   CPU (``fake_cublas.c``). On a GPU, ``tests/test_fast.py`` checks the kernels
+   themselves.
 """
+
+import ctypes
+import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -267,6 +274,47 @@ def test_matmul_names_what_it_cannot_multiply(mirrored):
         cublas.matmul(a.T, randn(4, 3))
     with pytest.raises(ValueError, match=r"out must be C-contiguous \(4, 3\)"):
         cublas.matmul(a, randn(5, 3), out=randn(3, 4))
+
+
+@pytest.fixture
+def fake_cublas(monkeypatch, tmp_path):
+    """tinyvit's cuBLAS binding (``cublas.bind``, ``cublas.Handle``) over
+    tests/fake_cublas.c compiled for the CPU, on NumPy; yields the library."""
+    if compiler() is None:
+        pytest.skip("needs a C compiler (g++ 11 or later) to build the stand-in cuBLAS")
+    path = tmp_path / "libfake_cublas.so"
+    subprocess.run([compiler(), "-x", "c", "-O1", "-shared", "-fPIC",
+                    str(Path(__file__).with_name("fake_cublas.c")), "-o", str(path)], check=True)
+    lib = cublas.bind(ctypes.CDLL(str(path)))
+    with B.using_backend("numpy"):
+        blas = cublas.Handle(lib)
+        blas.use_stream(0)
+        monkeypatch.setattr(cublas, "current_handle", lambda: blas)
+        yield lib
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_binding_calls_cublas_as_cublas_declares_it(fake_cublas, dtype):
+    """Through ctypes, with the C signatures of cuBLAS's documentation, every
+    transposition and batching of ``matmul`` gives NumPy's product."""
+    tolerance = {"float64": 1e-13, "float32": 1e-6}[dtype]
+    for transpose_a, transpose_b, batch in [(False, False, ()), (True, False, (3,)),
+                                            (False, True, (2, 2)), (True, True, (2,))]:
+        a = randn(*batch, *((7, 5) if transpose_a else (5, 7))).astype(dtype)
+        b = randn(*batch, *((3, 7) if transpose_b else (7, 3)), seed=1).astype(dtype)
+        expected = (np.swapaxes(a, -1, -2) if transpose_a else a) @ (
+            np.swapaxes(b, -1, -2) if transpose_b else b)
+        assert rel_err(cublas.matmul(a, b, transpose_a, transpose_b), expected) <= tolerance
+
+
+def test_the_binding_names_a_failed_call_and_follows_cupy_tf32(fake_cublas, monkeypatch):
+    a = np.ones((2, 2))
+    with pytest.raises(RuntimeError, match="cuBLAS gemmStridedBatched failed with status 7"):
+        cublas.gemm(False, False, 2, 2, 2, 1.0, a, 1, 0, a, 2, 0, 0.0, a, 2, 0, 1)  # lda < m
+    assert fake_cublas.fake_math_mode() == cublas.DEFAULT_MATH
+    monkeypatch.setenv("CUPY_TF32", "1")
+    cublas.Handle(fake_cublas)
+    assert fake_cublas.fake_math_mode() == cublas.TF32_MATH
 
 
 def test_layernorm_names_an_input_it_cannot_read(mirrored):

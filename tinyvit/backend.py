@@ -149,6 +149,11 @@ def write(a, values):
         a.set(numpy.ascontiguousarray(values, dtype=a.dtype).reshape(a.shape))
 
 
+def address(a):
+    """The address of an array's first value, in host or device memory (for a C call)."""
+    return a.ctypes.data if isinstance(a, numpy.ndarray) else a.data.ptr
+
+
 def is_array(a):
     """True for an ndarray of the active backend."""
     return isinstance(a, _active.ndarray)

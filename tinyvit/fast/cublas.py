@@ -12,8 +12,10 @@ column-major (c, r) matrix, its transpose. So C = op(a) op(b), row-major, is
 asked for as its transpose, C^T = op(b)^T op(a)^T: b comes first, a second, and
 each operand's leading dimension is the length of its stored rows.
 
-``tests/test_cuda_sources.py`` runs the GPU layers on the CPU with ``gemm``
-replaced by a NumPy model of cuBLAS's column-major contract (``cuda_mirrors.py``).
+Without a GPU, ``tests/test_cuda_sources.py`` runs the GPU layers with ``gemm``
+replaced by a NumPy model of cuBLAS's column-major contract (``cuda_mirrors.py``),
+and this binding over a stand-in libcublas compiled for the CPU
+(``tests/fake_cublas.c``), which checks the C types and the order of the calls.
 """
 
 import ctypes
@@ -21,7 +23,7 @@ import functools
 import math
 import os
 
-from ..backend import xp
+from ..backend import address, xp
 
 WORKSPACE_BYTES = 32 * 1024 * 1024  # what cuBLAS asks for on Hopper GPUs; enough before
 DEFAULT_MATH, TF32_MATH = 0, 3  # cublasMath_t: full float32, or TF32 tensor cores (CUPY_TF32=1)
@@ -62,22 +64,23 @@ def gemm(transa, transb, m, n, k, alpha, A, lda, stride_a, B, ldb, stride_b, bet
     C = alpha op(A) op(B) + beta C, with op(A) (m, k), op(B) (k, n), C (m, n), each
     matrix ``stride_*`` values after the one before it in its array, and op a
     transpose where ``transa``/``transb`` say so. Queued on CuPy's current stream."""
+    current_handle().gemm(transa, transb, m, n, k, alpha, A, lda, stride_a, B, ldb, stride_b,
+                          beta, C, ldc, stride_c, batch)
+
+
+def current_handle():
+    """The handle of the current GPU, queuing on CuPy's current stream."""
     blas = handle(xp.cuda.Device().id)
     blas.use_stream(xp.cuda.get_current_stream().ptr)
-    T = ctypes.c_float if A.dtype == xp.float32 else ctypes.c_double
-    function = blas.sgemm if A.dtype == xp.float32 else blas.dgemm
-    alpha, beta = T(alpha), T(beta)  # read by cuBLAS when it queues the kernel
-    check(function(blas.handle, int(transa), int(transb), m, n, k, ctypes.addressof(alpha),
-                   A.data.ptr, lda, stride_a, B.data.ptr, ldb, stride_b, ctypes.addressof(beta),
-                   C.data.ptr, ldc, stride_c, batch), "gemmStridedBatched")
-
-
-def check(status, function):
-    if status != 0:  # CUBLAS_STATUS_SUCCESS
-        raise RuntimeError(f"cuBLAS {function} failed with status {status} (cublasStatus_t)")
+    return blas
 
 
 @functools.cache
+def handle(device):
+    """The handle of GPU number ``device`` (made while it is the current one)."""
+    return Handle(library())
+
+
 def library():
     """libcublas as CuPy loaded it: the one whose path the process has mapped."""
     xp.cuda.device.get_cublas_handle()  # CuPy opens libcublas for its own handle
@@ -86,7 +89,11 @@ def library():
     if not paths:
         raise RuntimeError("cuBLAS: CuPy's libcublas is not loaded in this process, so the "
                            "GPU tier's matmuls cannot call it")
-    lib = ctypes.CDLL(sorted(paths)[0])
+    return bind(ctypes.CDLL(sorted(paths)[0]))
+
+
+def bind(lib):
+    """``lib`` with the C types of the functions called here, as cuBLAS declares them."""
     int_, ll, ptr = ctypes.c_int, ctypes.c_longlong, ctypes.c_void_p
     for name in ("cublasSgemmStridedBatched", "cublasDgemmStridedBatched"):
         getattr(lib, name).argtypes = [ptr, int_, int_, int_, int_, int_, ptr, ptr, int_, ll, ptr,
@@ -98,13 +105,16 @@ def library():
     return lib
 
 
+def check(status, function):
+    if status != 0:  # CUBLAS_STATUS_SUCCESS
+        raise RuntimeError(f"cuBLAS {function} failed with status {status} (cublasStatus_t)")
+
+
 class Handle:
     """A cuBLAS handle of tinyvit's own (CuPy's keeps being CuPy's), with a workspace
     of its own, so that no call allocates: a captured graph keeps using it."""
 
-    def __init__(self):
-        lib = library()
-        self.sgemm, self.dgemm = lib.cublasSgemmStridedBatched, lib.cublasDgemmStridedBatched
+    def __init__(self, lib):
         self.lib, self.handle, self.stream = lib, ctypes.c_void_p(), None
         check(lib.cublasCreate_v2(ctypes.byref(self.handle)), "Create")
         tf32 = os.environ.get("CUPY_TF32", "0") == "1"  # as CuPy's own float32 matmuls
@@ -118,12 +128,18 @@ class Handle:
         if stream == self.stream:
             return
         check(self.lib.cublasSetStream_v2(self.handle, stream or None), "SetStream")
-        check(self.lib.cublasSetWorkspace_v2(self.handle, self.workspace.data.ptr,
+        check(self.lib.cublasSetWorkspace_v2(self.handle, address(self.workspace),
                                              WORKSPACE_BYTES), "SetWorkspace")
         self.stream = stream
 
-
-@functools.cache
-def handle(device):
-    """The handle of GPU number ``device``."""
-    return Handle()
+    def gemm(self, transa, transb, m, n, k, alpha, A, lda, stride_a, B, ldb, stride_b, beta, C,
+             ldc, stride_c, batch):
+        """``gemm``'s call, on this handle."""
+        single = A.dtype == xp.float32
+        T = ctypes.c_float if single else ctypes.c_double
+        function = getattr(self.lib, f"cublas{'S' if single else 'D'}gemmStridedBatched")
+        alpha, beta = T(alpha), T(beta)  # read when cuBLAS queues its kernel
+        check(function(self.handle, int(transa), int(transb), m, n, k, ctypes.addressof(alpha),
+                       address(A), lda, stride_a, address(B), ldb, stride_b,
+                       ctypes.addressof(beta), address(C), ldc, stride_c, batch),
+              "gemmStridedBatched")
