@@ -475,7 +475,25 @@ def gpu_fields():
     return {**fields, "gpu": properties["name"].decode(),
             "gpu_memory_gib": round(properties["totalGlobalMem"] / 2**30, 1),
             "cuda_driver": cuda_version(runtime.driverGetVersion()),
-            "cuda_runtime": cuda_version(runtime.runtimeGetVersion())}
+            "cuda_runtime": cuda_version(runtime.runtimeGetVersion()), **cublas_fields(cupy)}
+
+
+def cublas_fields(cupy):
+    """tinyvit's cuBLAS binding (tinyvit/fast/cublas.py) on this GPU, which the GPU
+    tier's matmuls go through: the library it found and one product's largest
+    difference from CuPy's, or the error that stopped it."""
+    from tinyvit import backend
+    from tinyvit.fast import cublas
+
+    try:
+        with backend.using_backend("cupy"):
+            a = cupy.arange(12, dtype=cupy.float32).reshape(3, 4) / 7
+            b = cupy.arange(20, dtype=cupy.float32).reshape(4, 5) / 3
+            difference = float(abs(cublas.matmul(a, b) - a @ b).max())
+            return {"cublas_library": cublas.library()._name,
+                    "cublas_matmul_difference": difference}
+    except Exception as error:  # recorded, so that the run shows it first
+        return {"cublas_error": f"{type(error).__name__}: {error}"}
 
 
 def cuda_version(number):
