@@ -254,11 +254,9 @@ class Dropout(FastKernel, layers.Dropout):
         return dropout(x, self.cache, self.p)
 
     def backward(self, dout):
-        mask = self.cache
-        if not isinstance(mask, Mask):
+        if not isinstance(self.cache, Mask):
             return super().backward(dout)
-        self.cache = None
-        return dropout(dout, mask, self.p)
+        return dropout(dout, self._take_cache(), self.p)
 
 
 class LayerNorm(FastKernel, layers.LayerNorm):

@@ -21,7 +21,7 @@ class Optimizer:
                 raise ValueError(f"{type(self).__name__}: {name} must be at least 0, got {value}")
         self.data, self.grad, self.decay = module.flat_parameters()
         self.lr, self.weight_decay = lr, weight_decay
-        self.t = 0
+        self.t, self.step_lr = 0, lr
         self._scratch = xp.empty_like(self.data)
 
     def step(self, lr=None):

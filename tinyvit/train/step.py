@@ -110,17 +110,17 @@ class Trainer:
             self.criterion.check_labels(target, self.num_classes)
             targets = self.criterion.targets(target, self.num_classes, x.dtype)
             loss, logits = self.parallel.gradients(x, targets, seed)
-            return loss, (logits.argmax(axis=1) == y).sum(), self.apply_gradients()
+            return self.update_with(loss, logits, y)
 
     def device_step(self, x, target, y):
-        """The step on the device, in this process: forward, loss, backward, update.
-        Returns (loss, correct predictions, gradient norm), as device scalars."""
+        """The step on the device, in this process: forward, loss, backward, update."""
         loss, logits = forward_backward(self.model, self.criterion, x, target)
-        return loss, (logits.argmax(axis=1) == y).sum(), self.apply_gradients()
+        return self.update_with(loss, logits, y)
 
-    def apply_gradients(self):
-        """The gradient masked (a linear probe) and clipped, then the optimizer's update
-        with the learning rate ``advance`` set. Returns the norm before clipping."""
+    def update_with(self, loss, logits, y):
+        """The update from the gradients in the model: the gradient masked (a linear
+        probe) and clipped, then the optimizer's update with the learning rate
+        ``advance`` set. Returns (loss, correct predictions, the norm before clipping)."""
         grad = self.optimizer.grad
         if self.trainable is not None:
             grad *= self.trainable
@@ -129,7 +129,7 @@ class Trainer:
         else:
             norm = grad_norm(grad)
         self.optimizer.update()
-        return norm
+        return loss, (logits.argmax(axis=1) == y).sum(), norm
 
     def evaluator(self):
         """What ``evaluate`` runs: the model, or the processes when there are some."""
@@ -153,6 +153,6 @@ def check_capturable(model, processes):
                          "under mpiexec: drop --cuda-graph or run one process")
     convolutions = [name for name, m in model.named_modules() if isinstance(m, Conv2d)]
     if convolutions:
-        raise ValueError(f"cuda_graph: the convolutions of the hybrid's stem ({convolutions[0]}, "
-                         "...) multiply through CuPy's cuBLAS, which a CUDA graph cannot "
-                         "capture: drop --cuda-graph for a hybrid model")
+        raise ValueError(f"cuda_graph: {convolutions[0]}, a convolution of the hybrid's stem, "
+                         "multiplies through CuPy's cuBLAS, which a CUDA graph cannot capture: "
+                         "drop --cuda-graph for a hybrid model")
