@@ -30,7 +30,8 @@ The phases, each a child process, in this order (``--phases`` picks some):
                     8 processes where pytest-xdist is installed)
     benchmark-1024  benchmark-128's command at batch 1024
     cifar10         CUPY_TF32=1 python train_mnist.py --recipe cifar10-gpu --budget MINUTES,
-                    MINUTES what the budget has left
+                    MINUTES what the budget has left (``--recipe`` another recipe,
+                    ``--cuda-graph`` with the step captured in a CUDA graph)
 
 They share one budget (``--budget``, 540 s): each phase may run for as long as
 ``PHASES`` gives it and is killed after that, and a phase that needs more than is left
@@ -258,7 +259,8 @@ def cifar10_command(args, timeout):
                         "--train-subset", "512", "--test-subset", "200", "--epochs", "1",
                         "--backend", "numpy", "--workers", "1"])
     minutes = math.floor((timeout - CIFAR_MARGIN_S) / 6) / 10
-    return Command(["python", "train_mnist.py", "--recipe", "cifar10-gpu", *common,
+    graph = ["--cuda-graph"] if args.cuda_graph else []
+    return Command(["python", "train_mnist.py", "--recipe", args.recipe, *common, *graph,
                     "--budget", f"{minutes:g}"], {"CUPY_TF32": "1"})
 
 
@@ -652,6 +654,10 @@ def parse_args(argv):
                    help="the phases to run, always in the order listed")
     p.add_argument("--part-mib", type=float, default=PART_MIB,
                    help="the most MiB of a part for --split-cifar")
+    p.add_argument("--recipe", default="cifar10-gpu",
+                   help="the cifar10 phase's recipe of train_mnist.py (default cifar10-gpu)")
+    p.add_argument("--cuda-graph", action="store_true",
+                   help="the cifar10 phase trains with its step captured in a CUDA graph")
     args = p.parse_args(argv)
     for name in ("budget", "part_mib"):
         if getattr(args, name) <= 0:

@@ -141,6 +141,12 @@ def test_the_gpu_run_gives_the_documented_commands(gpu_check, tmp_path):
     train_mnist = load_script(ROOT / "train_mnist.py")
     config = train_mnist.make_config(train_mnist.parse_args(commands["cifar10"].argv[2:])[0])
     assert (config.dataset, config.backend, config.budget) == ("cifar10", "cupy", 7.8)
+    # another recipe, with the step captured in a CUDA graph
+    args = gpu_check.parse_args(["--out", str(out), "--data-dir", str(data), "--recipe",
+                                 "cifar10-hybrid-gpu", "--cuda-graph"])
+    command = gpu_check.cifar10_command(args, 500)
+    assert str(command) == (f"env CUPY_TF32=1 python train_mnist.py --recipe cifar10-hybrid-gpu "
+                            f"--data-dir {data} --out {out}/cifar10 --cuda-graph --budget 7.8")
 
 
 @pytest.mark.parametrize("dry, dataset, folder", [
