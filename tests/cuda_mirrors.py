@@ -175,6 +175,24 @@ def adamw_update(p, g, m, v, decay, n, schedule, beta1, one_minus_beta1, beta2, 
     p -= lr / bias1 * m / (np.sqrt(v) / bias2_sqrt + eps)
 
 
+def im2col(x, rows, n, C, H, W, kh, kw, sh, sw, ph, pw, Ho, Wo):
+    padded = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))  # (B, C, H + 2ph, W + 2pw)
+    for i in range(kh):
+        for j in range(kw):
+            patch = padded[:, :, i : i + sh * Ho : sh, j : j + sw * Wo : sw]  # (B, C, Ho, Wo)
+            rows.reshape(-1, Ho, Wo, C, kh, kw)[..., i, j] = patch.transpose(0, 2, 3, 1)
+
+
+def col2im(drows, dx, n, C, H, W, kh, kw, sh, sw, ph, pw, Ho, Wo):
+    B = dx.shape[0]
+    padded = np.zeros((B, C, H + 2 * ph, W + 2 * pw), dtype=dx.dtype)
+    for i in range(kh):
+        for j in range(kw):
+            patch = drows.reshape(B, Ho, Wo, C, kh, kw)[..., i, j].transpose(0, 3, 1, 2)
+            padded[:, :, i : i + sh * Ho : sh, j : j + sw * Wo : sw] += patch
+    dx[...] = padded[:, :, ph : ph + H, pw : pw + W]
+
+
 def gemm(transa, transb, m, n, k, alpha, A, lda, stride_a, B, ldb, stride_b, beta, C, ldc,
          stride_c, batch):
     """cuBLAS's strided batched GEMM (``tinyvit.fast.cublas.gemm``) as its documentation
@@ -202,4 +220,4 @@ MIRRORS = {f.__name__: f for f in (
     add_bias_layernorm_forward, layernorm_backward_add, batchnorm_forward, batchnorm_eval,
     batchnorm_backward, layernorm_backward, layernorm_param_grads, softmax_forward,
     softmax_backward, attention_forward, attention_backward, cross_entropy_soft,
-    cross_entropy_labels, adamw_update)}
+    cross_entropy_labels, adamw_update, im2col, col2im)}

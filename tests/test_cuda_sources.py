@@ -157,18 +157,25 @@ def launched(request, monkeypatch, tmp_path_factory):
         yield
 
 
-LAYERS = {
-    gpu.Linear: (lambda: layers.Linear(6, 40, rng=B.host_rng(0)), [(3, 6), (2, 9, 6), (1, 300, 6)]),
-    gpu.GELU: (lambda: layers.GELU(), [(3, 7), (2, 9, 33)]),
-    gpu.MLP: (lambda: layers.MLP(6, 10, rng=B.host_rng(0)), [(3, 6), (2, 9, 6), (1, 1, 6)]),
-    gpu.LayerNorm: (lambda: layers.LayerNorm(7), [(3, 7), (2, 9, 7), (1, 1, 7)]),
-    gpu.Block: (lambda: layers.Block(6, 2, rng=B.host_rng(0)), [(2, 5, 6), (1, 17, 6)]),
-    gpu.BatchNorm2d: (lambda: conv.BatchNorm2d(3), [(2, 3, 5, 7), (1, 3, 1, 3)]),
-    gpu.Attention: (lambda: layers.Attention(6, 3, rng=B.host_rng(0)),
-                    [(2, 5, 6), (1, 40, 6), (1, gpu.MAX_TOKENS + 1, 6)]),
-    gpu.ClassAttention: (lambda: layers.ClassAttention(6, 2, rng=B.host_rng(0)),
-                         [(2, 5, 6), (3, 1, 6)]),
-}
+# each GPU class, how to build its reference layer, and input shapes
+LAYERS = [
+    (gpu.Linear, lambda: layers.Linear(6, 40, rng=B.host_rng(0)), [(3, 6), (2, 9, 6), (1, 300, 6)]),
+    (gpu.GELU, lambda: layers.GELU(), [(3, 7), (2, 9, 33)]),
+    (gpu.MLP, lambda: layers.MLP(6, 10, rng=B.host_rng(0)), [(3, 6), (2, 9, 6), (1, 1, 6)]),
+    (gpu.LayerNorm, lambda: layers.LayerNorm(7), [(3, 7), (2, 9, 7), (1, 1, 7)]),
+    (gpu.Block, lambda: layers.Block(6, 2, rng=B.host_rng(0)), [(2, 5, 6), (1, 17, 6)]),
+    (gpu.BatchNorm2d, lambda: conv.BatchNorm2d(3), [(2, 3, 5, 7), (1, 3, 1, 3)]),
+    # 3x3, stride 2, padding 1, with a bias; 2x3, stride (1, 2), unpadded, weight-standardized
+    (gpu.Conv2d, lambda: conv.Conv2d(3, 4, 3, 2, 1, rng=B.host_rng(0)), [(2, 3, 9, 9),
+                                                                          (1, 3, 3, 3)]),
+    (gpu.Conv2d, lambda: conv.Conv2d(3, 5, (2, 3), (1, 2), 0, bias=False,
+                                     weight_standardization=True, rng=B.host_rng(0)),
+     [(2, 3, 5, 8), (1, 3, 2, 3)]),
+    (gpu.Attention, lambda: layers.Attention(6, 3, rng=B.host_rng(0)),
+     [(2, 5, 6), (1, 40, 6), (1, gpu.MAX_TOKENS + 1, 6)]),
+    (gpu.ClassAttention, lambda: layers.ClassAttention(6, 2, rng=B.host_rng(0)),
+     [(2, 5, 6), (3, 1, 6)]),
+]
 
 
 def as_gpu(layer):
@@ -189,10 +196,9 @@ def training_pass(layer, x, dout):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("cls, shape", [(c, s) for c, (_, shapes) in LAYERS.items()
-                                        for s in shapes], ids=str)
-def test_each_gpu_layer_launches_its_kernels_as_declared(launched, cls, shape, dtype):
-    make, _ = LAYERS[cls]
+@pytest.mark.parametrize("cls, make, shape", [(c, make, s) for c, make, shapes in LAYERS
+                                              for s in shapes], ids=str)
+def test_each_gpu_layer_launches_its_kernels_as_declared(launched, cls, make, shape, dtype):
     reference = jitter(make()).astype(dtype)
     kernel = jitter(make()).astype(dtype)
     as_gpu(kernel)
@@ -224,7 +230,7 @@ def test_the_fused_attention_gives_the_reference(launched, cls, head_dim, tokens
 @pytest.mark.parametrize("fields", [{}, {"pool": "mean", "stem": ((4, 3, 2),), "patch_size": 1}])
 def test_a_whole_gpu_model_gives_the_reference(launched, fields):
     """A ViT (class-token pooling: its last block the class token's) and a hybrid
-    (mean pooling, a BatchNorm2d stem) with every part in its GPU class: the same
+    (mean pooling, a Conv2d and BatchNorm2d stem) with every part in its GPU class: the same
     logits, input gradient and parameter gradients, to 1e-12 in float64."""
     config = {**dict(image_size=8, patch_size=4, in_channels=2, num_classes=3, embed_dim=8,
                      depth=2, num_heads=2), **fields}

@@ -11,31 +11,34 @@ import pytest
 
 from conftest import randn
 from tinyvit import backend as B
-from tinyvit import fast
 from tinyvit.fast.graphs import Captured
-from tinyvit.models import ViT, create_model
+from tinyvit.models import ViT
 from tinyvit.train import TrainConfig
-from tinyvit.train.step import Trainer, check_capturable
+from tinyvit.train.step import Trainer, check_one_process
 
 MODEL = dict(image_size=8, patch_size=4, in_channels=1, num_classes=3, embed_dim=8, depth=2,
              num_heads=2, dropout=0.1)
 
 
-def trainer(backend, captured, attn_dropout):
+def trainer(backend, captured, model):
     config = TrainConfig(backend=backend, lr=1e-2, clip_grad=1.0, label_smoothing=0.1,
                          cuda_graph=captured and backend == "cupy")
-    step = Trainer(config, ViT(**MODEL, attn_dropout=attn_dropout, seed=0))
+    step = Trainer(config, ViT(**{**MODEL, **model}, seed=0))
     if captured and backend == "numpy":
         step.update = Captured(step.device_step)  # on NumPy the same path, nothing captured
     return step
 
 
-@pytest.mark.parametrize("attn_dropout", [0.0, 0.1])  # the fused attention, the cuBLAS one
-def test_a_captured_step_trains_as_the_step_itself(backend, attn_dropout):
+@pytest.mark.parametrize("model", [
+    {},  # the attention in one kernel
+    {"attn_dropout": 0.1},  # the attention through cuBLAS, with dropout
+    {"stem": ((4, 3, 2),), "patch_size": 1},  # a hybrid: Conv2d and BatchNorm2d
+], ids=["vit", "attention-dropout", "hybrid"])
+def test_a_captured_step_trains_as_the_step_itself(backend, model):
     """Batches of 8 (captured at the third) then of 5 (a second graph): each step's
     loss, correct count and gradient norm, and the weights after, are the plain
     step's; the learning rate and the dropout masks change from step to step."""
-    plain, captured = (trainer(backend, c, attn_dropout) for c in (False, True))
+    plain, captured = (trainer(backend, c, model) for c in (False, True))
     sizes = [8] * 6 + [5] * 4
     for step, size in enumerate(sizes):
         x, y = randn(size, 1, 8, 8, seed=step), B.to_device(np.arange(size) % 3)
@@ -74,8 +77,4 @@ def test_a_run_that_cannot_be_captured_says_why():
     with pytest.raises(ValueError, match="cuda_graph needs tier 'fast', got 'reference'"):
         TrainConfig(cuda_graph=True, backend="cupy", tier="reference")
     with pytest.raises(ValueError, match="runs in one process, got 2 under mpiexec"):
-        check_capturable(ViT(**MODEL), 2)
-    hybrid = create_model("mnist_hybrid")
-    with pytest.raises(ValueError, match="patch_embed.backbone.conv1, a convolution of the "
-                                         "hybrid's stem"):
-        check_capturable(fast.accelerate(hybrid), 1)
+        check_one_process(2)

@@ -35,6 +35,7 @@ FUNCTIONS = {
     "attention": ("attention_forward", "attention_backward"),
     "cross_entropy": ("cross_entropy_soft", "cross_entropy_labels"),
     "adamw": ("adamw_update",),
+    "conv": ("im2col", "col2im"),
 }
 THREADS = 256  # per block
 MAX_BLOCKS = 4096  # an elementwise grid's largest: enough blocks to fill any current GPU

@@ -19,6 +19,8 @@ work of its forward and backward in one or two kernels of ``kernels/*.cu``
   dropout follows them, the biases of the attention's output projection and of
   fc2 added with the residuals;
 - ``BatchNorm2d`` (the hybrid's stem): one launch each way, a block per channel;
+- ``Conv2d`` (the hybrid's stem): im2col and its adjoint col2im one launch each,
+  the products cuBLAS's;
 - ``Attention``, ``ClassAttention``: up to 128 tokens, the heads' whole attention
   in one launch each way, from the qkv projection before its bias to the merged
   heads (the bias, the split into heads, the scores, the softmax, A v and the
@@ -45,6 +47,7 @@ from typing import NamedTuple
 from ..backend import get_backend, host_rng, write, xp
 from ..checks import check_float, check_images
 from ..nn import conv, layers, loss, optim
+from ..nn.functional import standardize_backward
 from .compile import (
     launch_channels,
     launch_columns,
@@ -68,6 +71,13 @@ def check_rows(x, weight, layer):
     if x.dtype != weight.dtype or x.shape[-1:] != weight.shape:
         raise ValueError(f"{layer}: the GPU kernel expects input (..., {weight.shape[0]}) of "
                          f"dtype {weight.dtype}, got {x.shape} of dtype {x.dtype}")
+
+
+def check_dtype(x, weight, layer):
+    """A ValueError unless ``x`` has the layer's float dtype: a kernel reads one type."""
+    if x.dtype != weight.dtype:
+        raise ValueError(f"{layer}: the GPU kernel expects input of dtype {weight.dtype}, "
+                         f"got {x.dtype}")
 
 
 class Linear(FastKernel, layers.Linear):
@@ -96,10 +106,14 @@ class Linear(FastKernel, layers.Linear):
         dout2 = xp.ascontiguousarray(dout).reshape(-1, self.out_features)  # (M, out)
         matmul(dout2, x2, transpose_a=True, out=self.weight.grad)  # dW += dy^T x
         if self.bias is not None:
-            M, D = dout2.shape
-            launch_columns("linear", "bias_grad", M, D,
-                           (dout2, self.bias.grad, xp.int64(M), xp.int32(D)), dout2.dtype)
+            add_column_sum(dout2, self.bias.grad)
         return matmul(dout2, self.weight.data).reshape(*dout.shape[:-1], self.in_features)
+
+
+def add_column_sum(dy, grad):
+    """grad += dy (M, D) summed down its rows: a bias gradient, in one launch."""
+    M, D = dy.shape
+    launch_columns("linear", "bias_grad", M, D, (dy, grad, xp.int64(M), xp.int32(D)), dy.dtype)
 
 
 class GELU(FastKernel, layers.GELU):
@@ -318,9 +332,7 @@ class BatchNorm2d(FastKernel, conv.BatchNorm2d):
 
     def forward(self, x):
         check_images(x, "BatchNorm2d", self.num_features)
-        if x.dtype != self.weight.data.dtype:
-            raise ValueError(f"BatchNorm2d: the GPU kernel expects input of dtype "
-                             f"{self.weight.data.dtype}, got {x.dtype}")
+        check_dtype(x, self.weight.data, "BatchNorm2d")
         x = xp.ascontiguousarray(x)
         B, C, H, W = x.shape
         y = xp.empty_like(x)
@@ -347,6 +359,70 @@ class BatchNorm2d(FastKernel, conv.BatchNorm2d):
         args = (dout, xhat, rstd, self.weight.data, dx, self.weight.grad, self.bias.grad,
                 xp.int64(B), xp.int32(C), xp.int64(H * W))
         launch_channels("batchnorm", "batchnorm_backward", C, args, dout.dtype)
+        return dx
+
+
+class Conv2d(FastKernel, conv.Conv2d):
+    """The reference Conv2d as a Linear over receptive fields: one launch lays the
+    fields out as rows (kernels/conv.cu's im2col, the padding read as zeros), a
+    cuBLAS product gives every output pixel's channels, one copy puts them in
+    (B, F, Ho, Wo) order; backward, one copy back to rows, the bias gradient in one
+    launch, two products, and one launch of col2im for dx. The cache is the rows,
+    the (F, U) weight the forward used, its rstd under weight standardization, and
+    the input's shape."""
+
+    def forward(self, x):
+        check_images(x, "Conv2d", self.in_channels)
+        conv.check_fits(x, self.kernel_size, self.padding, "Conv2d")
+        check_dtype(x, self.weight.data, "Conv2d")
+        x = xp.ascontiguousarray(x)
+        B, F = x.shape[0], self.out_channels
+        rows, (Ho, Wo) = self.im2col(x)  # (M, U), M = B*Ho*Wo
+        w2, rstd = self.weight_matrix()  # (F, U)
+        y = matmul(rows, w2, transpose_b=True)  # (M, F)
+        y = xp.ascontiguousarray(y.reshape(B, Ho * Wo, F).transpose(0, 2, 1))  # (B, F, Ho*Wo)
+        if self.bias is not None:
+            y += self.bias.data[:, None]
+        self.cache = (rows, w2, rstd, x.shape) if self.training else None
+        return y.reshape(B, F, Ho, Wo)
+
+    def backward(self, dout):
+        rows, w2, rstd, shape = self._take_cache()
+        B, F, Ho, Wo = dout.shape
+        dy = xp.ascontiguousarray(dout.reshape(B, F, Ho * Wo).transpose(0, 2, 1))  # (B, Ho*Wo, F)
+        dy = dy.reshape(-1, F)  # (M, F)
+        if self.bias is not None:
+            add_column_sum(dy, self.bias.grad)
+        if rstd is None:  # dW += dy^T rows
+            matmul(dy, rows, transpose_a=True, out=self.weight.grad.reshape(F, -1))
+        else:  # through what = (W - mean) * rstd, as the reference
+            dw2 = standardize_backward(matmul(dy, rows, transpose_a=True), w2, rstd, 1)
+            self.weight.grad += dw2.reshape(self.weight.shape)
+        return self.col2im(matmul(dy, w2), shape)  # drows (M, U) -> dx (B, C, H, W)
+
+    def geometry(self, shape):
+        """The launch's int arguments for input ``shape``: C, H, W, kh, kw, sh, sw, ph, pw,
+        Ho, Wo."""
+        _, C, H, W = shape
+        (kh, kw), (sh, sw), (ph, pw) = self.kernel_size, self.stride, self.padding
+        Ho, Wo = (H + 2 * ph - kh) // sh + 1, (W + 2 * pw - kw) // sw + 1
+        return tuple(xp.int32(v) for v in (C, H, W, kh, kw, sh, sw, ph, pw, Ho, Wo))
+
+    def im2col(self, x):
+        """The receptive fields of x (B, C, H, W) as rows (M, U), and (Ho, Wo)."""
+        geometry = self.geometry(x.shape)
+        Ho, Wo = int(geometry[-2]), int(geometry[-1])
+        U = self.in_channels * self.kernel_size[0] * self.kernel_size[1]
+        rows = xp.empty((x.shape[0] * Ho * Wo, U), dtype=x.dtype)
+        launch_elementwise("conv", "im2col", rows.size, (x, rows, xp.int64(rows.size), *geometry),
+                           x.dtype)
+        return rows, (Ho, Wo)
+
+    def col2im(self, drows, shape):
+        """dx (B, C, H, W) from the rows' gradient drows (M, U)."""
+        dx = xp.empty(shape, dtype=drows.dtype)
+        launch_elementwise("conv", "col2im", dx.size,
+                           (drows, dx, xp.int64(dx.size), *self.geometry(shape)), dx.dtype)
         return dx
 
 
@@ -572,6 +648,7 @@ KERNELS = {
     layers.LayerNorm: LayerNorm,
     layers.Block: Block,
     conv.BatchNorm2d: BatchNorm2d,
+    conv.Conv2d: Conv2d,
     layers.GELU: GELU,
     layers.MLP: MLP,
     layers.Dropout: Dropout,

@@ -4,7 +4,6 @@ from ..backend import host_rng, quiet_overflow, xp
 from ..data import augment
 from ..fast import for_tier
 from ..fast.graphs import Captured
-from ..nn.conv import Conv2d
 from ..nn.loss import SoftmaxCrossEntropy
 from ..nn.optim import SGD, AdamW, clip_grad_norm, grad_norm, warmup_cosine
 from .distributed import MPIParallel, check_launch, communicator, launched
@@ -45,7 +44,7 @@ class Trainer:
         self.parallel = None
         self.update = self.device_step
         if config.cuda_graph:
-            check_capturable(self.model, size)
+            check_one_process(size)
             self.update = Captured(self.device_step)
 
     def head_mask(self):
@@ -144,15 +143,9 @@ class Trainer:
         return self.communicator.broadcast(function(*args) if self.primary else None)
 
 
-def check_capturable(model, processes):
-    """A ValueError unless a CUDA graph can capture this run's step: one process (the
-    parameters are all-reduced between steps), and no layer whose matmuls are CuPy's
-    own (the hybrid's convolutions), which refuse a capture."""
+def check_one_process(processes):
+    """A ValueError unless the run is one process: a captured step cannot wait for the
+    other processes' gradients (their all-reduce runs between its backward and update)."""
     if processes > 1:
         raise ValueError(f"cuda_graph: a captured step runs in one process, got {processes} "
                          "under mpiexec: drop --cuda-graph or run one process")
-    convolutions = [name for name, m in model.named_modules() if isinstance(m, Conv2d)]
-    if convolutions:
-        raise ValueError(f"cuda_graph: {convolutions[0]}, a convolution of the hybrid's stem, "
-                         "multiplies through CuPy's cuBLAS, which a CUDA graph cannot capture: "
-                         "drop --cuda-graph for a hybrid model")
