@@ -300,9 +300,9 @@ class Dropout(Module):
 
 
 def seed_dropouts(dropouts, seed):
-    """Give each Dropout layer of ``dropouts`` a fresh generator seeded ``seed`` (an
-    int or a tuple such as (seed, step)), one shared by the layers of each kind of
-    generator their classes draw from (``Dropout.generator``)."""
+    """Give each Dropout layer of ``dropouts`` the generator its class makes from
+    ``seed`` (an int or a tuple such as (seed, step); ``Dropout.generator``), one
+    shared by the layers of each kind."""
     generators = {}
     for layer in dropouts:
         make = layer.generator
