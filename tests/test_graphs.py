@@ -3,14 +3,21 @@ itself, and a run that cannot be captured says why before it starts.
 
 On a GPU the step is captured and replayed; on NumPy ``Captured`` runs the same
 function on its copied inputs, so the same test checks the trainer's split of a
-step into the host's part and the device's.
+step into the host's part and the device's. Without a GPU, the GPU classes' launches
+of two steps (their kernels mirrored on NumPy, as tests/test_cuda_sources.py runs
+them) are compared: a replayed graph repeats the first step's arguments, so every
+step must pass the same ones, whatever its learning rate and dropout seed.
 """
 
 import numpy as np
 import pytest
+from test_cuda_sources import as_gpu, mirrored_kernel
 
+import cuda_mirrors
 from conftest import randn
 from tinyvit import backend as B
+from tinyvit.fast import compile as cuda
+from tinyvit.fast import cublas, gpu
 from tinyvit.fast.graphs import Captured
 from tinyvit.models import ViT
 from tinyvit.train import TrainConfig
@@ -29,11 +36,14 @@ def trainer(backend, captured, model):
     return step
 
 
-@pytest.mark.parametrize("model", [
+MODELS = pytest.mark.parametrize("model", [
     {},  # the attention in one kernel
     {"attn_dropout": 0.1},  # the attention through cuBLAS, with dropout
     {"stem": ((4, 3, 2),), "patch_size": 1},  # a hybrid: Conv2d and BatchNorm2d
 ], ids=["vit", "attention-dropout", "hybrid"])
+
+
+@MODELS
 def test_a_captured_step_trains_as_the_step_itself(backend, model):
     """Batches of 8 (captured at the third) then of 5 (a second graph): each step's
     loss, correct count and gradient norm, and the weights after, are the plain
@@ -78,3 +88,44 @@ def test_a_run_that_cannot_be_captured_says_why():
         TrainConfig(cuda_graph=True, backend="cupy", tier="reference")
     with pytest.raises(ValueError, match="runs in one process, got 2 under mpiexec"):
         check_one_process(2)
+
+
+@MODELS
+def test_every_step_launches_the_same_kernels_with_the_same_scalars(monkeypatch, model):
+    """The GPU classes' device step on NumPy, twice, with another learning rate, seed
+    and batch: the same kernels and GEMMs in the same order, with the same grids and
+    the same arguments but for the arrays' values (the learning rate and the dropout
+    seed are read from device memory, not passed)."""
+    launches = []
+
+    def recorded(name, function, dtype):
+        run = mirrored_kernel(name, function, dtype)
+
+        def launch(grid, block, args, shared_mem=0):
+            launches.append((function, grid, block, shared_mem, described(args)))
+            run(grid, block, args, shared_mem)
+        return launch
+
+    def gemm(*args):
+        launches.append(("gemm", described(args)))
+        cuda_mirrors.gemm(*args)
+
+    monkeypatch.setattr(cuda, "kernel", recorded)
+    monkeypatch.setattr(cublas, "gemm", gemm)
+    with B.using_backend("numpy"), B.default_dtype("float64"):
+        config = TrainConfig(tier="reference", lr=1e-2, clip_grad=1.0, label_smoothing=0.1)
+        step = Trainer(config, as_gpu(ViT(**{**MODEL, **model}, seed=0)))
+        step.criterion.__class__, step.optimizer.__class__ = gpu.SoftmaxCrossEntropy, gpu.AdamW
+        steps = []
+        for i, lr in enumerate((1e-3, 7e-3)):
+            launches.clear()
+            step.step(randn(8, 1, 8, 8, seed=i), np.arange(8) % 3, lr, (0, 0, i))
+            steps.append(list(launches))
+    assert len(steps[0]) > 40 and steps[0] == steps[1]
+
+
+def described(args):
+    """A launch's arguments as a replay repeats them: an array by its shape and dtype
+    (a graph keeps its memory, not its values), a scalar by its type and value."""
+    return tuple((a.shape, a.dtype.str) if isinstance(a, np.ndarray) else (type(a), a)
+                 for a in args)
