@@ -9,8 +9,13 @@ a static array, which the block running has to itself (``extern __shared__``, th
 memory a launch sizes, is SHARED_BYTES); ``atomicAdd`` takes a lock.
 After the file, a C function ``launch_NAME(grid, block, arguments)`` per kernel runs
 it over the grid. It is slow (a thread per CUDA thread) and meant for small sizes; it
-checks what a kernel computes, not how fast, nor what only a GPU would catch (memory
-out of bounds, a race that the barriers here happen to order).
+checks what a kernel computes, not how fast, nor what only a GPU would catch (a race
+that the barriers here happen to order).
+
+Every array a launch passes is copied between guards, GUARD values on each side, each
+marked (NaN for floats, the most negative numbers for integers): a kernel that writes
+outside its array changes a guard's bits, which the launch reports, and one that reads
+outside it reads a NaN or a huge negative number, which poisons what it computes.
 """
 
 import ctypes
@@ -18,6 +23,8 @@ import functools
 import re
 import shutil
 import subprocess
+
+import numpy as np
 
 from tinyvit.fast import compile as cuda
 
@@ -152,22 +159,57 @@ def library(name, dtype, folder):
 
 
 def c_value(c_type, value, dtype):
-    """``value`` as ctypes passes it for a parameter of C type ``c_type``."""
+    """``value`` as ctypes passes it for a parameter of C type ``c_type`` (an array:
+    its guarded copy, ``Guarded``)."""
     t = c_type.replace("const ", "")
     if t.endswith("*"):
-        return ctypes.c_void_p(value.ctypes.data)
+        return ctypes.c_void_p(value.inside.ctypes.data)
     return (FLOATS[dtype] if t == "T" else C_TYPES[t])(value.item())
 
 
+GUARD = 256  # values on each side of an array
+# per float size: a quiet NaN (read, it poisons what it meets), its low bits free for a mark
+QUIET_NAN = {4: 0x7FC00000, 8: 0x7FF8000000000000}
+
+
+class Guarded:
+    """A copy of ``array`` between two guards of GUARD values, each marked with the
+    argument's number and its place: a NaN for floats (with that mark in its low
+    bits), the most negative integers for integers. Comparing the guards' bits after
+    the launch tells a write outside the array, even of a NaN read from another."""
+
+    def __init__(self, array, number):
+        self.array = array
+        bits = np.dtype(f"u{array.itemsize}")
+        marks = np.arange(2 * GUARD, dtype=bits) + bits.type(number << 12)
+        floats = array.dtype.kind == "f"
+        first = QUIET_NAN[array.itemsize] if floats else 1 << (8 * array.itemsize - 1)
+        self.guards = (marks + bits.type(first)).view(array.dtype)
+        self.buffer = np.concatenate([self.guards[:GUARD], array.reshape(-1), self.guards[GUARD:]])
+        self.inside = self.buffer[GUARD:GUARD + array.size]
+
+    def copy_back(self, where):
+        """The array given its values again; an AssertionError if a guard changed."""
+        guards = np.concatenate([self.buffer[:GUARD], self.buffer[GUARD + self.array.size:]])
+        assert guards.tobytes() == self.guards.tobytes(), (
+            f"{where} wrote outside its array of {self.array.size} values")
+        self.array.reshape(-1)[...] = self.inside
+
+
 def cpu_kernel(name, function, dtype, folder):
-    """A stand-in for a compiled kernel: ``(grid, block, args)`` runs its CUDA C here."""
+    """A stand-in for a compiled kernel: ``(grid, block, args)`` runs its CUDA C here,
+    on guarded copies of its arrays."""
     parameters = signatures(name)[function]
     run = getattr(library(name, str(dtype), folder), f"launch_{function}")
 
     def launch(grid, block, args, shared_mem=0):
         assert shared_mem <= SHARED_BYTES
         grid, block = (tuple(grid) + (1, 1))[:3], (tuple(block) + (1, 1))[:3]
+        args = [Guarded(a, i) if isinstance(a, np.ndarray) else a for i, a in enumerate(args)]
         run(*(ctypes.c_uint(n) for n in grid + block),
             *(c_value(p, a, str(dtype)) for p, a in zip(parameters, args)))
+        for i, a in enumerate(args):
+            if isinstance(a, Guarded):
+                a.copy_back(f"{function} (argument {i})")
 
     return launch
