@@ -6,7 +6,8 @@ header that plays the GPU's part: a thread of the operating system per CUDA thre
 one block after another; a block's threads meet at ``__syncthreads`` (a barrier), a
 warp's 32 at each shuffle (a barrier and a slot per thread); ``__shared__`` memory is
 a static array, which the block running has to itself (``extern __shared__``, the
-memory a launch sizes, is SHARED_BYTES); ``atomicAdd`` takes a lock.
+memory a launch sizes, is SHARED_BYTES, set to NaN bytes before each launch and
+checked after it beyond the size the launch gave); ``atomicAdd`` takes a lock.
 After the file, a C function ``launch_NAME(grid, block, arguments)`` per kernel runs
 it over the grid. It is slow (a thread per CUDA thread) and meant for small sizes; it
 checks what a kernel computes, not how fast, nor what only a GPU would catch (a race
@@ -144,11 +145,14 @@ def launcher(function, parameters):
 @functools.cache
 def library(name, dtype, folder):
     """kernels/<name>.cu for ``dtype`` compiled for the CPU into ``folder``, loaded."""
+    dynamic = re.search(r"extern __shared__ [\w ]+ (\w+)\[\];", cuda.source(name, dtype))
     source = re.sub(r"extern __shared__ ([\w ]+) (\w+)\[\];",
                     rf"static \1 \2[{SHARED_BYTES}] __attribute__((aligned(16)));",
                     cuda.source(name, dtype))
     code = GPU_ON_CPU + source + "\n" + "".join(
         launcher(f, p) for f, p in signatures(name).items())
+    if dynamic:  # where the launches' shared memory is, for its guard
+        code += f'extern "C" void* dynamic_shared() {{ return {dynamic[1]}; }}\n'
     path = folder / f"{name}_{dtype}.so"
     result = subprocess.run([compiler(), "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread",
                              "-x", "c++", "-", "-o", str(path)], input=code, text=True,
@@ -200,14 +204,25 @@ def cpu_kernel(name, function, dtype, folder):
     """A stand-in for a compiled kernel: ``(grid, block, args)`` runs its CUDA C here,
     on guarded copies of its arrays."""
     parameters = signatures(name)[function]
-    run = getattr(library(name, str(dtype), folder), f"launch_{function}")
+    lib = library(name, str(dtype), folder)
+    run = getattr(lib, f"launch_{function}")
+    shared = None
+    if hasattr(lib, "dynamic_shared"):
+        lib.dynamic_shared.restype = ctypes.c_void_p
+        shared = lib.dynamic_shared()
 
     def launch(grid, block, args, shared_mem=0):
         assert shared_mem <= SHARED_BYTES
         grid, block = (tuple(grid) + (1, 1))[:3], (tuple(block) + (1, 1))[:3]
         args = [Guarded(a, i) if isinstance(a, np.ndarray) else a for i, a in enumerate(args)]
+        if shared:  # all NaN (every byte 0xFF) before: what is read unwritten poisons
+            ctypes.memset(shared, 0xFF, SHARED_BYTES)
         run(*(ctypes.c_uint(n) for n in grid + block),
             *(c_value(p, a, str(dtype)) for p, a in zip(parameters, args)))
+        if shared:
+            beyond = ctypes.string_at(shared + shared_mem, SHARED_BYTES - shared_mem)
+            assert beyond == b"\xff" * len(beyond), (
+                f"{function} wrote past the {shared_mem} bytes of shared memory it was given")
         for i, a in enumerate(args):
             if isinstance(a, Guarded):
                 a.copy_back(f"{function} (argument {i})")
