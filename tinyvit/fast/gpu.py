@@ -224,6 +224,7 @@ class DeviceKeys:
 
 @functools.cache
 def device_keys(backend):
+    """The one ``DeviceKeys`` of ``backend`` (made at the first call)."""
     return DeviceKeys()
 
 
