@@ -313,6 +313,15 @@ def test_the_binding_calls_cublas_as_cublas_declares_it(fake_cublas, dtype):
         assert rel_err(cublas.matmul(a, b, transpose_a, transpose_b), expected) <= tolerance
 
 
+def test_the_binding_finds_the_libcublas_the_process_mapped():
+    maps = ["7f2a1000-7f2a2000 r-xp 00000000 08:01 1 /usr/lib/libc.so.6",
+            "7f3b0000-7f3c0000 r-xp 00000000 08:01 2 /nvidia/cu13/lib/libcublasLt.so.13",
+            "7f3d0000-7f3e0000 r-xp 00000000 08:01 3 /nvidia/cu13/lib/libcublas.so.13",
+            "7f3e0000-7f3e1000 rw-p 00000000 00:00 0 "]
+    assert cublas.mapped_cublas(maps) == "/nvidia/cu13/lib/libcublas.so.13"
+    assert cublas.mapped_cublas(maps[:2]) is None
+
+
 def test_the_binding_names_a_failed_call_and_follows_cupy_tf32(fake_cublas, monkeypatch):
     a = np.ones((2, 2))
     with pytest.raises(RuntimeError, match="cuBLAS gemmStridedBatched failed with status 7"):

@@ -22,6 +22,7 @@ import ctypes
 import functools
 import math
 import os
+from pathlib import Path
 
 from ..backend import address, xp
 
@@ -82,14 +83,21 @@ def handle(device):
 
 
 def library():
-    """libcublas as CuPy loaded it: the one whose path the process has mapped."""
+    """libcublas as CuPy loaded it: on Linux the file the process has mapped, elsewhere
+    the library of CUDA's major version by its name."""
     xp.cuda.device.get_cublas_handle()  # CuPy opens libcublas for its own handle
-    with open("/proc/self/maps") as maps:
-        paths = {line.split()[-1] for line in maps if "/libcublas.so" in line}
-    if not paths:
-        raise RuntimeError("cuBLAS: CuPy's libcublas is not loaded in this process, so the "
-                           "GPU tier's matmuls cannot call it")
-    return bind(ctypes.CDLL(sorted(paths)[0]))
+    maps = Path("/proc/self/maps")
+    path = mapped_cublas(maps.read_text().splitlines()) if maps.exists() else None
+    if path is None:
+        major = xp.cuda.runtime.runtimeGetVersion() // 1000
+        path = f"cublas64_{major}.dll" if os.name == "nt" else f"libcublas.so.{major}"
+    return bind(ctypes.CDLL(path))
+
+
+def mapped_cublas(maps):
+    """The path of libcublas among the lines of /proc/self/maps, or None."""
+    paths = sorted({line.split()[-1] for line in maps if "/libcublas.so" in line})
+    return paths[0] if paths else None
 
 
 def bind(lib):
