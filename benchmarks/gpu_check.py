@@ -17,7 +17,8 @@ and where there is no GPU, the same path on NumPy at tiny sizes (CI runs it):
 
 The phases, each a child process, in this order (``--phases`` picks some):
 
-    environment     the GPU, its driver, CUDA, CuPy, NumPy, PyTorch, the processor
+    environment     the GPU, its driver, CUDA, CuPy, NumPy, PyTorch, the processor, and
+                    the cuBLAS library tinyvit's binding found (one product against CuPy's)
     fast-tests      python -m pytest -q tests/test_fast.py: each fast kernel against its
                     reference layer, on NumPy and CuPy
     benchmark-128   benchmarks/benchmark.py --gpu --configs A,B,C --batch 128 --tiers
