@@ -9,7 +9,7 @@ A step is the benchmark's (``runners.TinyvitRunner.train_step``: forward, label-
 smoothed cross-entropy, backward, AdamW), on one tier's layers, loss and optimizer.
 The CUDA profiler (CUPTI, through PyTorch's ``torch.profiler``, which records every
 kernel the process launches: CuPy's, cuBLAS's and tinyvit's own) counts the kernels,
-memory copies and memsets of ``--steps`` steps after two that are not counted; a
+memory copies and memsets of ``--steps`` steps after UNCOUNTED that are not counted; a
 step's launches are their count divided by the steps. A step of a few hundred small
 kernels is bound by the host that launches them, which is what the fused kernels of
 ``tinyvit/fast/kernels`` cut. The "graph" tier's step is the fast tier's captured in a CUDA
@@ -30,9 +30,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # its modules, also wh
 from machine import setup_backends, torch  # noqa: E402
 from runners import CONFIGS, TinyvitRunner, make_batch  # noqa: E402
 from tinyvit import backend  # noqa: E402
+from tinyvit.fast.graphs import WARMUP  # noqa: E402
 
 TIERS = ("reference", "fast", "graph")
-UNCOUNTED = {"reference": 2, "fast": 2, "graph": 3}  # steps first: compiling, the pool, a capture
+UNCOUNTED = WARMUP + 1  # steps first: compiling CuPy's kernels, the pool, a graph's capture
 NAME_CHARS = 100  # of a kernel's name in the JSON
 
 
@@ -45,10 +46,10 @@ def kind(name):
     return "kernel"
 
 
-def launches_per_step(step, steps, gpu, uncounted=2, names=False):
-    """{kind: launches per step} of ``step()`` after ``uncounted`` steps (None on the
-    dry run), and with ``names`` each kernel's name and launches per step."""
-    for _ in range(uncounted):
+def launches_per_step(step, steps, gpu, names=False):
+    """{kind: launches per step} of ``step()`` after UNCOUNTED steps (None on the dry
+    run), and with ``names`` each kernel's name and launches per step."""
+    for _ in range(UNCOUNTED):
         step()
     backend.synchronize()
     if not gpu:
@@ -81,7 +82,7 @@ def measure(config_names, batch, steps, gpu):
             runner = TinyvitRunner(CONFIGS[name], images, labels, tier=tier)
             runner.prepare_training()
             result[name][tier] = launches_per_step(runner.train_step, steps, gpu,
-                                                   UNCOUNTED[tier], names=tier == "fast")
+                                                   names=tier == "fast")
             if tier == "fast":
                 runner.set_training(False)
                 result[name]["fast-infer"] = launches_per_step(runner.infer, steps, gpu,

@@ -35,11 +35,13 @@ import contextlib
 
 from ..backend import on_cpu, xp
 
+WARMUP = 2  # calls of each shape run as they are before the one that captures
+
 
 class Captured:
     """``function`` captured into a CUDA graph per shape of its inputs, and replayed."""
 
-    def __init__(self, function, warmup=2):
+    def __init__(self, function, warmup=WARMUP):
         self.function, self.warmup = function, warmup
         self.graphs = {}  # ((shape, dtype) of each input) -> Graph
         self.stream = None if on_cpu() else xp.cuda.Stream(non_blocking=True)
