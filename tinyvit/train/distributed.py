@@ -40,6 +40,7 @@ memory only).
 """
 
 import functools
+import math
 import os
 import signal
 
@@ -128,7 +129,7 @@ class Communicator:
         from process r (the split of ``rows``)."""
         part = np.ascontiguousarray(to_host(part))
         whole = np.empty((n, *part.shape[1:]), dtype=part.dtype)
-        width = part[:1].size if part.ndim > 1 else 1  # values per row
+        width = math.prod(part.shape[1:])  # values per row
         counts = [(hi - lo) * width for lo, hi in (rows(n, r, self.size)
                                                    for r in range(self.size))]
         self.world.Allgatherv(part, [whole, counts])
@@ -215,10 +216,16 @@ class MPIParallel:
         return loss, self.comm.gather_rows(logits, n)
 
     def forward(self, x):
-        """Logits of ``x`` in inference mode (no dropout, no caches)."""
+        """Logits of ``x`` in inference mode (no dropout, no caches). A batch of
+        fewer images than processes (the last of a test set) leaves some without
+        rows: they run nothing and send none."""
         n = len(x)
-        lo, hi = self._rows(n)
-        logits = self.model.forward(x[lo:hi])
+        lo, hi = rows(n, self.comm.rank, self.comm.size)
+        if hi > lo:
+            logits = self.model.forward(x[lo:hi])
+        else:
+            head = self.model.head
+            logits = xp.empty((0, head.out_features), dtype=head.weight.data.dtype)
         self._stop_if(self.comm.sum(np.array([self.stop_requested], dtype=float))[0])
         return self.comm.gather_rows(logits, n)
 
