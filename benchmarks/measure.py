@@ -38,33 +38,32 @@ from tinyvit.nn.layers import ClassAttentionBlock
 
 def matmul_flops(config, batch, last_block_rows=None):
     """Floating-point operations (2 per multiply-add) of the model's matmuls in one
-    forward pass of ``batch`` images. With T = (image/P)^2 patches, N = T + 1
-    tokens, D embed_dim, M = int(mlp_ratio * D), C channels, P patch, K classes,
-    L depth, B batch, and Q query tokens in a block (Q = N, or fewer in a last
-    block that computes only Q tokens' outputs: ``last_block_rows``, None for N):
+    forward pass of ``batch`` images, in the letters of docs/backprop.md: B batch, N
+    tokens (N - 1 patches and the class token), D embed_dim, Dm = int(mlp_ratio * D),
+    C channels, P patch, K classes, and Q query tokens in a block (Q = N, or fewer in
+    a last block that computes only Q tokens' outputs: ``last_block_rows``, None for N):
 
-        patch embedding   2 B T (C P^2) D
+        patch embedding   2 B (N-1) (C P^2) D
         per block         2 B N D (3D)        qkv       (every token: all are keys and values)
-                        + 2 B Q N D           q k^T     (all heads: H Dh = D)
+                        + 2 B Q N D           q k^T     (all heads: NH Dh = D)
                         + 2 B Q N D           attn x v
                         + 2 B Q D D           proj
-                        + 2 B Q D M + 2 B Q M D   fc1, fc2
+                        + 2 B Q D Dm + 2 B Q Dm D   fc1, fc2
         head              2 B D K
 
-        forward = patch + L blocks + head.
+        forward = patch + depth blocks + head.
 
     A training step counts 3 x forward: each matmul's forward plus two in the
     backward (the gradients of both operands). LayerNorm, softmax, GELU, the
     loss and AdamW are not counted.
     """
     c = config
-    T = c.num_patches
-    N, D, M = T + 1, c.embed_dim, int(c.embed_dim * c.mlp_ratio)
+    N, D, Dm = c.num_patches + 1, c.embed_dim, int(c.embed_dim * c.mlp_ratio)
 
     def block(Q):
-        return 2 * batch * D * (N * 3 * D + Q * (2 * N + D + 2 * M))
+        return 2 * batch * D * (N * 3 * D + Q * (2 * N + D + 2 * Dm))
 
-    patch = 2 * batch * T * (c.in_channels * c.patch_size**2) * D
+    patch = 2 * batch * (N - 1) * (c.in_channels * c.patch_size**2) * D
     last = block(last_block_rows or N)
     head = 2 * batch * D * c.num_classes
     return patch + (c.depth - 1) * block(N) + last + head

@@ -160,18 +160,18 @@ def _where(name, computed, expected, context, tol):
 def _qkv_parts(name, computed, expected, attention, tol):
     """The fused projection's rows (or bias entries) are q, k, v stacked, each split into
     NH heads of Dh rows: which part and which heads are wrong, and how."""
-    H, Dh = attention.num_heads, attention.head_dim
+    NH, Dh = attention.num_heads, attention.head_dim
     scale = max(np.abs(computed).max(), np.abs(expected).max())
     findings = []
     for p, part in enumerate("qkv"):
         verdicts = []
-        for h in range(H):
-            rows = slice((p * H + h) * Dh, (p * H + h + 1) * Dh)
+        for h in range(NH):
+            rows = slice((p * NH + h) * Dh, (p * NH + h + 1) * Dh)
             verdicts.append(_verdict(computed[rows], expected[rows], tol * scale, Dh))
         findings.append(f"{part} {'rows' if computed.ndim == 2 else 'entries'}, "
                         f"{_by_head(verdicts)}")
     if name.endswith("qkv.bias"):
-        findings += _key_bias_is_zero(computed[H * Dh:2 * H * Dh], expected)
+        findings += _key_bias_is_zero(computed[NH * Dh:2 * NH * Dh], expected)
     return findings
 
 

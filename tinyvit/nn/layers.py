@@ -326,8 +326,8 @@ def split_heads(qkv, num_heads):
 
 def merge_heads(ctx):
     """(B, NH, N, Dh) -> (B, N, NH*Dh): the heads side by side again."""
-    B, H, N, Dh = ctx.shape
-    return ctx.transpose(0, 2, 1, 3).reshape(B, N, H * Dh)
+    B, NH, N, Dh = ctx.shape
+    return ctx.transpose(0, 2, 1, 3).reshape(B, N, NH * Dh)
 
 
 class Attention(Module):
@@ -407,8 +407,8 @@ def split_heads_grad(dctx, num_heads):
 
 def merge_qkv_grads(dq, dk, dv):
     """The inverse of ``split_heads``: dq, dk, dv (B, NH, N, Dh) -> dqkv (B, N, 3D)."""
-    B, H, N, Dh = dk.shape
-    return xp.stack([dq, dk, dv]).transpose(1, 3, 0, 2, 4).reshape(B, N, 3 * H * Dh)
+    B, NH, N, Dh = dk.shape
+    return xp.stack([dq, dk, dv]).transpose(1, 3, 0, 2, 4).reshape(B, N, 3 * NH * Dh)
 
 
 class ClassAttention(Attention):

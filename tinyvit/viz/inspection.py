@@ -244,9 +244,9 @@ def last_layer_attention(model):
     Each head's values sum to 1 minus what goes to the class token (the model
     must keep its attention maps: ``model.keep_attention()``)."""
     attn = model.attention_maps()[-1]
-    B, H, N, _ = attn.shape
+    B, NH, N, _ = attn.shape
     G = _grid_side(N - 1)
-    return to_host(pooled_rows(attn, model.config.pool).reshape(B, H, G, G))
+    return to_host(pooled_rows(attn, model.config.pool).reshape(B, NH, G, G))
 
 
 # ---------------------------------------------------------------- pictures

@@ -103,7 +103,7 @@ class Rule:
 def shape_letters(f):
     """The letters of the shapes above for the config fields ``f``, in this order:
     D embed_dim, C in_channels, P patch_size, N tokens (patches and the class
-    token), Dm the MLP's hidden width (which the callers hold in a variable ``M``)."""
+    token), Dm the MLP's hidden width."""
     D, P = f["embed_dim"], f["patch_size"]
     return D, f["in_channels"], P, (f["image_size"] // P) ** 2 + 1, int(D * f["mlp_ratio"])
 
@@ -114,7 +114,7 @@ def _head_in(f):
 
 def timm_rules(f, has_head=True):
     """timm's names and shapes for the config fields ``f`` (num_heads not needed)."""
-    D, C, P, N, M = shape_letters(f)
+    D, C, P, N, Dm = shape_letters(f)
     shapes = {"cls_token": (1, 1, D), "pos_embed": (1, N, D),
               "patch_embed.proj.weight": (D, C, P, P), "patch_embed.proj.bias": (D,)}
     for i in range(f["depth"]):
@@ -125,8 +125,8 @@ def timm_rules(f, has_head=True):
             shapes[b + "attn.qkv.bias"] = (3 * D,)
         shapes.update({b + "attn.proj.weight": (D, D), b + "attn.proj.bias": (D,),
                        b + "norm2.weight": (D,), b + "norm2.bias": (D,),
-                       b + "mlp.fc1.weight": (M, D), b + "mlp.fc1.bias": (M,),
-                       b + "mlp.fc2.weight": (D, M), b + "mlp.fc2.bias": (D,)})
+                       b + "mlp.fc1.weight": (Dm, D), b + "mlp.fc1.bias": (Dm,),
+                       b + "mlp.fc2.weight": (D, Dm), b + "mlp.fc2.bias": (D,)})
     norm = "fc_norm" if f["pool"] == "mean" else "norm"
     shapes.update({norm + ".weight": (D,), norm + ".bias": (D,)})
     R = f.get("representation_size", 0)
@@ -144,7 +144,7 @@ def _stack(*arrays):
 
 def hf_rules(f, prefix, has_head):
     """Hugging Face's names (``prefix`` "vit." or "") for the config fields ``f``."""
-    D, C, P, N, M = shape_letters(f)
+    D, C, P, N, Dm = shape_letters(f)
     e = prefix + "embeddings."
     rules = [Rule("cls_token", (e + "cls_token",), ((1, 1, D),)),
              Rule("pos_embed", (e + "position_embeddings",), ((1, N, D),)),
@@ -172,8 +172,8 @@ def hf_rules(f, prefix, has_head):
                               ((D,),) * 3, _stack))  # 3 x (D,) -> (3D,)
         linear(b + "attn.proj", h + "attention.output.dense", D, D)
         norm(b + "norm2", h + "layernorm_after")
-        linear(b + "mlp.fc1", h + "intermediate.dense", M, D)
-        linear(b + "mlp.fc2", h + "output.dense", D, M)
+        linear(b + "mlp.fc1", h + "intermediate.dense", Dm, D)
+        linear(b + "mlp.fc2", h + "output.dense", D, Dm)
     norm("norm", prefix + "layernorm")
     if has_head:
         linear("head", "classifier", f["num_classes"], D)
@@ -206,8 +206,8 @@ def _conv_kernel(kernel):
 
 def jax_rules(f, has_head=True):
     """The paper's Flax names for the config fields ``f``."""
-    D, C, P, N, M = shape_letters(f)
-    H = f["num_heads"]
+    D, C, P, N, Dm = shape_letters(f)
+    NH = f["num_heads"]
     rules = [Rule("cls_token", ("cls",), ((1, 1, D),)),
              Rule("pos_embed", ("Transformer/posembed_input/pos_embedding",), ((1, N, D),)),
              Rule("patch_embed.proj.weight", ("embedding/kernel",), ((P, P, C, D),), _conv_kernel),
@@ -227,15 +227,15 @@ def jax_rules(f, has_head=True):
         qkv = tuple(attn + name for name in ("query", "key", "value"))
         norm(b + "norm1", j + "LayerNorm_0")
         rules.append(Rule(b + "attn.qkv.weight", tuple(n + "/kernel" for n in qkv),
-                          ((D, H, D // H),) * 3, _qkv_kernels))  # -> (3D, D)
+                          ((D, NH, D // NH),) * 3, _qkv_kernels))  # -> (3D, D)
         rules.append(Rule(b + "attn.qkv.bias", tuple(n + "/bias" for n in qkv),
-                          ((H, D // H),) * 3, _flat_biases))  # -> (3D,)
-        rules.append(Rule(b + "attn.proj.weight", (attn + "out/kernel",), ((H, D // H, D),),
+                          ((NH, D // NH),) * 3, _flat_biases))  # -> (3D,)
+        rules.append(Rule(b + "attn.proj.weight", (attn + "out/kernel",), ((NH, D // NH, D),),
                           _heads_out))
         rules.append(Rule(b + "attn.proj.bias", (attn + "out/bias",), ((D,),)))
         norm(b + "norm2", j + "LayerNorm_2")
-        dense(b + "mlp.fc1", j + "MlpBlock_3/Dense_0", D, M)
-        dense(b + "mlp.fc2", j + "MlpBlock_3/Dense_1", M, D)
+        dense(b + "mlp.fc1", j + "MlpBlock_3/Dense_0", D, Dm)
+        dense(b + "mlp.fc2", j + "MlpBlock_3/Dense_1", Dm, D)
     norm("norm", "Transformer/encoder_norm")
     R = f.get("representation_size", 0)
     if R:
