@@ -328,8 +328,8 @@ class BatchNorm2d(FastKernel, conv.BatchNorm2d):
     """The reference BatchNorm2d in kernels/batchnorm.cu, one launch each way: in
     training a block per channel takes its statistics, normalizes, and updates the
     running averages; its backward gives dx and the gamma and beta gradients from
-    the same two sums; eval mode one elementwise launch. The cache is xhat and rstd,
-    as the reference's (rstd one value per channel)."""
+    the same two sums; eval mode one elementwise launch. The cache is xhat and rstd
+    (one value per channel)."""
 
     def forward(self, x):
         check_images(x, "BatchNorm2d", self.num_features)

@@ -412,9 +412,9 @@ dout: (B, F, Ho, Wo). Add db (F,) and dW (F, C, kh, kw) to the parameters' .grad
         conv.BatchNorm2d.forward, "BatchNorm2d",
         "Per channel, normalized over the batch and the pixels: every image's gradient "
         "reaches every other's through the batch's mean and variance.",
-        """The cache (training): xhat, rstd = self._take_cache(): xhat (B, C, H, W), rstd
-(1, C, 1, 1). dout: (B, C, H, W). Add dgamma (C,) and dbeta (C,) to the parameters' .grad;
-return dx (B, C, H, W).""",
+        """The cache (training): xhat, rstd, V = self._take_cache(): xhat (B, C, H, W), rstd
+(1, C, 1, 1), V = B*H*W the values of a channel. dout: (B, C, H, W). Add dgamma (C,) and
+dbeta (C,) to the parameters' .grad; return dx (B, C, H, W).""",
         ("dgamma, dbeta (C,); g = dout * gamma and dx (B, C, H, W); the means (1, C, 1, 1)",
          "LayerNorm's derivation with the means over (B, H, W) per channel: "
          "dx = rstd (g - mean(g) - xhat mean(g xhat))"),

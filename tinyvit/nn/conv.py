@@ -240,10 +240,10 @@ class BatchNorm2d(Module):
     Training mode normalizes with the batch's mean and biased variance, and
     updates the running averages as PyTorch does:
         running_mean = (1 - momentum) running_mean + momentum mean
-        running_var  = (1 - momentum) running_var  + momentum var * n / (n - 1)
-    (the unbiased variance, n = B*H*W); eval mode normalizes with them instead.
+        running_var  = (1 - momentum) running_var  + momentum var * V / (V - 1)
+    (the unbiased variance, V = B*H*W); eval mode normalizes with them instead.
     Parameters ``weight`` (gamma) and ``bias`` (beta); the running averages are
-    plain arrays, named in ``buffers``. The cache (training) is xhat and rstd.
+    plain arrays, named in ``buffers``. The cache (training) is xhat, rstd and V.
     """
 
     buffers = ("running_mean", "running_var")
@@ -258,7 +258,7 @@ class BatchNorm2d(Module):
         self.running_var = xp.ones(num_features, dtype=dtype)
 
     def forward(self, x):
-        check_images(x, "BatchNorm2d", self.num_features)
+        check_images(x, type(self).__name__, self.num_features)
         gamma = self.weight.data[:, None, None]  # (C, 1, 1)
         beta = self.bias.data[:, None, None]
         if not self.training:  # normalized by the running averages
@@ -266,28 +266,36 @@ class BatchNorm2d(Module):
             mean = self.running_mean[:, None, None]  # (C, 1, 1)
             rstd = 1.0 / xp.sqrt(self.running_var + self.eps)
             return (x - mean) * (gamma * rstd[:, None, None]) + beta
-        n = self.values_per_channel(x)
+        V = self.values_per_channel(x)
         # (B, C, H, W), and rstd, mean and var (1, C, 1, 1)
-        xhat, rstd, mean, var = standardize(x, (0, 2, 3), self.eps)
-        self.update_running_averages(mean.reshape(-1), var.reshape(-1), n)
-        self.cache = (xhat, rstd)
+        xhat, rstd, mean, var = standardize(x, (0, 2, 3), self.eps, self.channel_mean(V))
+        self.update_running_averages(mean.reshape(-1), var.reshape(-1), V)
+        self.cache = (xhat, rstd, V)
         return gamma * xhat + beta
 
     def values_per_channel(self, x):
-        """n = B*H*W, the values a channel's batch statistics are taken over: at
-        least 2 in training (one value has no variance)."""
-        n = x.shape[0] * x.shape[2] * x.shape[3]
-        if n < 2:
-            raise ValueError(f"BatchNorm2d: expected more than 1 value per channel in training, "
-                             f"got input of shape {x.shape}")
-        return n
+        """V, the values a channel's batch statistics are taken over: at least 2 in
+        training (one value has no variance)."""
+        V = self.batch_values(x)
+        if V < 2:
+            raise ValueError(f"{type(self).__name__}: expected more than 1 value per channel "
+                             f"in training, got {V} (input of shape {x.shape})")
+        return V
 
-    def update_running_averages(self, mean, var, n):
+    def batch_values(self, x):
+        """B*H*W: a channel's values in the batch."""
+        return x.shape[0] * x.shape[2] * x.shape[3]
+
+    def channel_mean(self, V):
+        """a (B, C, H, W) -> its mean per channel over the batch's V values, (1, C, 1, 1)."""
+        return lambda a: a.sum(axis=(0, 2, 3), keepdims=True) / V
+
+    def update_running_averages(self, mean, var, V):
         m = self.momentum
         self.running_mean *= 1 - m
         self.running_mean += m * mean
         self.running_var *= 1 - m
-        self.running_var += m * var * (n / (n - 1))
+        self.running_var += m * var * (V / (V - 1))
 
     def backward(self, dout):
         """(Training mode.) With y = gamma * xhat + beta per channel:
@@ -297,11 +305,11 @@ class BatchNorm2d(Module):
             dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  means over (B, H, W).
         The running averages take no gradient.
         """
-        xhat, rstd = self._take_cache()
+        xhat, rstd, V = self._take_cache()
         self.weight.grad += (dout * xhat).sum(axis=(0, 2, 3))
         self.bias.grad += dout.sum(axis=(0, 2, 3))
         g = dout * self.weight.data[:, None, None]  # (B, C, H, W)
-        return standardize_backward(g, xhat, rstd, (0, 2, 3))
+        return standardize_backward(g, xhat, rstd, (0, 2, 3), self.channel_mean(V))
 
 
 class SyncBatchNorm2d(BatchNorm2d):
@@ -313,54 +321,25 @@ class SyncBatchNorm2d(BatchNorm2d):
     ``sum_over_processes(a)``: ``a`` replaced, in place, by its sum over the
     processes (an MPI Allreduce).
 
-    With n_r values per channel on process r, n = sum_r n_r and sum_r over the
-    processes, the forward takes the two passes of ``standardize``:
-        mean = sum_r sum(x_r) / n,   var = sum_r sum((x_r - mean)^2) / n.
-    The cache is xhat, rstd and n.
+    With V_r values per channel on process r and sum_r over the processes, the
+    whole batch has V = sum_r V_r values per channel, and each mean of BatchNorm2d,
+    forward and backward, is sum_r sum(a_r) / V: each process sums its own
+    values, one Allreduce adds the sums up. dgamma and dbeta stay this process's
+    part of the batch's: the trainer sums every gradient over the processes after
+    the backward. ``dout`` must be this process's part of the whole batch's
+    gradient (its loss weighted by its share of the batch), as the means mix
+    every process's rows.
     """
 
     sum_over_processes = None  # set when the class is swapped in
 
-    def forward(self, x):
-        if not self.training:
-            return super().forward(x)
-        check_images(x, "SyncBatchNorm2d", self.num_features)
-        local = x.shape[0] * x.shape[2] * x.shape[3]
-        count = xp.full((1,), local, dtype=x.dtype)
-        sums = self.sum_over_processes(xp.concatenate([x.sum(axis=(0, 2, 3)), count]))
-        n = int(sums[-1])
-        if n < 2:
-            raise ValueError(f"SyncBatchNorm2d: expected more than 1 value per channel in "
-                             f"training, got {n} over the processes")
-        mean = sums[:-1] / n  # (C,)
-        centered = x - mean[:, None, None]  # (B, C, H, W)
-        var = self.sum_over_processes((centered * centered).sum(axis=(0, 2, 3))) / n
-        rstd = 1.0 / xp.sqrt(var + self.eps)  # (C,)
-        self.update_running_averages(mean, var, n)
-        xhat = centered * rstd[:, None, None]
-        self.cache = (xhat, rstd[:, None, None], n)
-        return self.weight.data[:, None, None] * xhat + self.bias.data[:, None, None]
+    def batch_values(self, x):
+        """The sum over the processes of their B*H*W."""
+        local = xp.full((1,), super().batch_values(x), dtype=x.dtype)
+        return int(self.sum_over_processes(local)[0])
 
-    def backward(self, dout):
-        """(Training mode.) BatchNorm2d's backward with its means taken over the
-        whole batch: each process sums g and g * xhat over its values, those sums
-        are summed over the processes (one call for both), and
-            dx = rstd * (g - sum(g) / n - xhat * sum(g * xhat) / n).
-        dgamma and dbeta stay this process's part of the batch's: the trainer
-        sums every gradient over the processes after the backward. ``dout`` must
-        be this process's part of the whole batch's gradient (its loss weighted
-        by its share of the batch), as the means mix every process's rows.
-        """
-        xhat, rstd, n = self._take_cache()
-        self.weight.grad += (dout * xhat).sum(axis=(0, 2, 3))
-        self.bias.grad += dout.sum(axis=(0, 2, 3))
-        g = dout * self.weight.data[:, None, None]  # (B, C, H, W)
-        C = self.num_features
-        sums = self.sum_over_processes(xp.concatenate([g.sum(axis=(0, 2, 3)),
-                                                       (g * xhat).sum(axis=(0, 2, 3))]))
-        mean_g = (sums[:C] / n)[:, None, None]  # (C, 1, 1)
-        mean_gx = (sums[C:] / n)[:, None, None]
-        return rstd * (g - mean_g - xhat * mean_gx)
+    def channel_mean(self, V):
+        return lambda a: (self.sum_over_processes(a.sum(axis=(0, 2, 3))) / V)[:, None, None]
 
 
 class GroupNorm(Module):

@@ -130,22 +130,26 @@ def column_sum(a, b=None):
     return product.reshape(-1, product.shape[-1]).sum(axis=0)
 
 
-def standardize(x, axes, eps):
+def standardize(x, axes, eps, average=None):
     """xhat = (x - mean) * rstd, rstd = 1 / sqrt(var + eps), with the mean and the
-    biased variance var over ``axes``, kept as length-1 axes.
+    biased variance var over ``axes``, kept as length-1 axes. ``average(a)``
+    takes those means (``mean_over(axes)`` unless given: SyncBatchNorm2d's also
+    adds up the other processes' values).
 
     Returns (xhat, rstd, mean, var): the backward needs xhat and rstd, BatchNorm's
     running averages the mean and var.
     """
-    mean = x.mean(axis=axes, keepdims=True)
+    average = average or mean_over(axes)
+    mean = average(x)
     centered = x - mean
-    var = (centered * centered).mean(axis=axes, keepdims=True)
+    var = average(centered * centered)
     rstd = 1.0 / xp.sqrt(var + eps)
     return centered * rstd, rstd, mean, var
 
 
-def standardize_backward(g, xhat, rstd, axes):
-    """The backward of ``standardize``: dx for g = dL/dxhat, with n values over ``axes``.
+def standardize_backward(g, xhat, rstd, axes, average=None):
+    """The backward of ``standardize``: dx for g = dL/dxhat, with n values over ``axes``
+    (and ``average`` the forward's).
 
     xhat_i depends on x_k directly and through mean and rstd, with
     d mean/dx_k = 1/n and d rstd/dx_k = -rstd^3 (x_k - mean) / n; summing the
@@ -153,6 +157,10 @@ def standardize_backward(g, xhat, rstd, axes):
 
         dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  means over ``axes``.
     """
-    mean_g = g.mean(axis=axes, keepdims=True)
-    mean_gx = (g * xhat).mean(axis=axes, keepdims=True)
-    return rstd * (g - mean_g - xhat * mean_gx)
+    average = average or mean_over(axes)
+    return rstd * (g - average(g) - xhat * average(g * xhat))
+
+
+def mean_over(axes):
+    """a -> its mean over ``axes``, kept as length-1 axes."""
+    return lambda a: a.mean(axis=axes, keepdims=True)
