@@ -1,5 +1,5 @@
 """A wrong backward is reported with its mistake named (tinyvit/gradcheck/diagnose.py):
-ten bugs a learner makes, each planted in a reference layer (monkeypatched for the
+bugs a learner makes, each planted in a reference layer (monkeypatched for the
 test), each with the diagnosis it must produce."""
 
 import pytest
@@ -64,6 +64,16 @@ def test_a_gradient_assigned_instead_of_accumulated(monkeypatch):
         "layers sum"]}
 
 
+def test_a_weight_gradient_wrong_in_one_output_row(monkeypatch):
+    def weight_gradient(dy, x):
+        dW = dy.T @ x
+        dW[2] = 0  # the gradient of output unit 2 dropped
+        return dW
+
+    found = check_linear(monkeypatch, linear_backward(weight_gradient, lambda dy: dy.sum(axis=0)))
+    assert found == {"weight": ["wrong in whole rows 2 (output units), right in the others"]}
+
+
 def check_attention(monkeypatch, attend_backward):
     monkeypatch.setattr(layers.Attention, "attend_backward", attend_backward)
     attention = jitter(layers.Attention(8, num_heads=2, rng=B.host_rng(0)))  # Dh = 4
@@ -99,7 +109,7 @@ def test_the_scale_missing_in_the_backward(monkeypatch):
 
     found = check_attention(monkeypatch, attend_backward)
     scale = ("every head: computed/expected = 2 = sqrt(Dh), Dh = 4 (the 1/sqrt(Dh) scale of the "
-             "scores is missing in the backward)")
+             "scores is missing in the backward, or a factor of 2 too many)")
     assert found["qkv.weight"] == [f"q rows, {scale}", f"k rows, {scale}",
                                    "v rows, every head: right"]
     assert found["qkv.bias"] == [f"q entries, {scale}", "k entries, every head: right",

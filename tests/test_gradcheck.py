@@ -78,6 +78,13 @@ def test_an_unknown_layer_is_named(capsys):
     assert "no case named Transformer; the cases: Linear, Patchify" in capsys.readouterr().err
 
 
+def test_a_missing_cupy_is_one_line(monkeypatch):
+    monkeypatch.setitem(sys.modules, "cupy", None)  # `import cupy` raises ImportError, GPU or not
+    with pytest.raises(SystemExit, match=r"^python -m tinyvit.gradcheck: backend 'cupy' needs "
+                                         r"CuPy: install it with"):
+        command.main(["--backend", "cupy"])
+
+
 def test_the_whole_command_passes():
     result = subprocess.run([sys.executable, "-m", "tinyvit.gradcheck"], capture_output=True,
                             text=True, check=False)

@@ -11,6 +11,7 @@ same embeddings. Then the pictures, and the command line on a tiny trained model
 
 import itertools
 import math
+import sys
 
 import numpy as np
 import pytest
@@ -385,3 +386,9 @@ def test_cli_errors_are_clear(checkpoint, tmp_path):
     not_image.write_text("hello")
     with pytest.raises(SystemExit, match="cannot read image .*notes.png"):
         inspect.main([str(checkpoint), "--image", str(not_image)])
+
+
+def test_cli_reports_a_missing_cupy_in_one_line(checkpoint, monkeypatch):
+    monkeypatch.setitem(sys.modules, "cupy", None)  # `import cupy` raises ImportError, GPU or not
+    with pytest.raises(SystemExit, match=r"^inspect: backend 'cupy' needs CuPy: install it with"):
+        inspect.main([str(checkpoint), "--backend", "cupy"])

@@ -78,6 +78,9 @@ def test_erf_is_exact_to_rounding(backend):
     expected = np.array([math.erf(v) for v in z])
     np.testing.assert_allclose(B.to_host(erf(B.to_device(z))), expected, rtol=0, atol=1.5e-15)
     assert erf(B.to_device(z.astype(np.float32))).dtype == np.float32
+    special = B.to_host(erf(B.to_device(np.array([np.inf, -np.inf, np.nan, -0.0]))))
+    np.testing.assert_array_equal(special, [1.0, -1.0, np.nan, -0.0])
+    assert np.signbit(special[-1])
 
 
 def test_normal_cdf_and_pdf(backend):

@@ -111,7 +111,8 @@ PLANTED = {  # exercise: (the library's line, the learner's mistake, what the fa
     "the 1/sqrt(Dh) scale missing in the backward": (
         "attention_core", ("dq = dS @ k * self.scale", "dq = dS @ k"),
         "q rows, every head: computed/expected = 2 = sqrt(Dh), Dh = 4 (the 1/sqrt(Dh) "
-        "scale of the scores is missing in the backward)", "k rows, every head: right"),
+        "scale of the scores is missing in the backward, or a factor of 2 too many)",
+        "k rows, every head: right"),
     "LayerNorm's backward without the mean(g) term": (
         "layernorm", ("return standardize_backward(g, xhat, rstd, -1)",
                       "return rstd * (g - xhat * (g * xhat).mean(axis=-1, keepdims=True))"),

@@ -54,4 +54,5 @@ def test_an_edited_backward_is_what_is_checked_and_what_runs(monkeypatch):
     assert ("blocks.1.attn.qkv (Linear)   docs/backprop.md#linear\n"
             "  FAIL  weight") in str(failed.value)
     assert ("        q rows, every head: right\n"
-            "        k rows, every head: computed/expected = 0.5") in str(failed.value)
+            "        k rows, every head: computed/expected = 0.5 = 1/sqrt(Dh), Dh = 4 (the "
+            "1/sqrt(Dh) scale is applied twice, or a stray factor of 1/2)\n") in str(failed.value)

@@ -9,7 +9,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from .backend import set_backend, xp
+from .backend import BACKENDS, BackendError, get_backend, set_backend, xp
 from .data import DatasetError, dataset_info, load_image
 from .train import load_trained, make_batches
 from .viz.inspection import write_pictures
@@ -31,7 +31,9 @@ def parse_args(argv):
     p.add_argument("--num-maps", type=int, default=6,
                    help="test images for the attention maps when no --image is given (default 6)")
     p.add_argument("--out", help="output folder (default: <checkpoint folder>/inspect)")
-    p.add_argument("--backend", choices=["numpy", "cupy"], default="numpy")
+    p.add_argument("--backend", choices=BACKENDS, default=get_backend(),
+                   help="the array backend (default: the active one, numpy unless "
+                        "TINYVIT_BACKEND says otherwise)")
     args = p.parse_args(argv)
     if args.num_images < 1 or args.num_maps < 1:
         p.error("--num-images and --num-maps must be at least 1")
@@ -57,7 +59,10 @@ def _test_images(config, n):
 
 def main(argv=None):
     args = parse_args(argv)
-    set_backend(args.backend)
+    try:
+        set_backend(args.backend)
+    except BackendError as e:
+        sys.exit(f"inspect: {e}")
     checkpoint = _checkpoint_path(args.checkpoint)
     try:
         model, config = load_trained(checkpoint)

@@ -33,7 +33,9 @@ def parse_args(argv):
                    help=f"check these cases alone (several allowed): {', '.join(names)}")
     p.add_argument("--tier", choices=TIERS, default="both",
                    help="the reference layers, their fast kernels, or both (default)")
-    p.add_argument("--backend", choices=backend.BACKENDS, default="numpy")
+    p.add_argument("--backend", choices=backend.BACKENDS, default=backend.get_backend(),
+                   help="the array backend (default: the active one, numpy unless "
+                        "TINYVIT_BACKEND says otherwise)")
     args = p.parse_args(argv)
     unknown = [name for name in args.layer or () if name not in names]
     if unknown:
@@ -57,7 +59,10 @@ def classes(module):
 
 def main(argv=None):
     args = parse_args(argv)
-    backend.set_backend(args.backend)
+    try:
+        backend.set_backend(args.backend)
+    except backend.BackendError as e:
+        sys.exit(f"python -m tinyvit.gradcheck: {e}")
     print(f"backend {backend.get_backend()}, float64, h = 1e-5, tol {TOL:g}")
     passed = total = 0
     with backend.default_dtype("float64"):

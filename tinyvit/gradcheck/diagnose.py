@@ -110,9 +110,12 @@ def _read_ratio(ratio, head_dim):
     """(a ratio as text, what it usually means)."""
     if head_dim and math.isclose(ratio, math.sqrt(head_dim), rel_tol=1e-4):
         return (f"{ratio:.6g} = sqrt(Dh), Dh = {head_dim}",
-                "the 1/sqrt(Dh) scale of the scores is missing in the backward")
+                "the 1/sqrt(Dh) scale of the scores is missing in the backward"
+                + _also_whole(head_dim, "or a factor of {} too many"))
     if head_dim and math.isclose(ratio, 1 / math.sqrt(head_dim), rel_tol=1e-4):
-        return f"{ratio:.6g} = 1/sqrt(Dh), Dh = {head_dim}", "the 1/sqrt(Dh) scale is applied twice"
+        return (f"{ratio:.6g} = 1/sqrt(Dh), Dh = {head_dim}",
+                "the 1/sqrt(Dh) scale is applied twice"
+                + _also_whole(head_dim, "or a stray factor of 1/{}"))
     if math.isclose(ratio, -1.0, rel_tol=1e-6):
         return "-1", "a sign is wrong"
     rows = round(1 / ratio)
@@ -123,6 +126,13 @@ def _read_ratio(ratio, head_dim):
     if times >= 2 and math.isclose(ratio, times, rel_tol=1e-6):
         return f"{times}", f"added {times} times"
     return f"{ratio:.6g}", "a constant factor is wrong"
+
+
+def _also_whole(head_dim, other):
+    """Where sqrt(Dh) is a whole number k, the same ratio is also a plain factor of k:
+    ``other`` with k, as a second reading; else nothing."""
+    k = math.isqrt(head_dim)
+    return f", {other.format(k)}" if k * k == head_dim else ""
 
 
 def _same(a, b):
@@ -152,7 +162,7 @@ def _where(name, computed, expected, context, tol):
     layer, attribute, parent = context.owner(name) if name != "input" else (None, "", None)
     if attribute == "qkv" and hasattr(parent, "num_heads"):
         return _qkv_parts(name, computed, expected, parent, tol)
-    if computed.ndim == 2 and name.endswith(".weight"):
+    if computed.ndim == 2 and name.rsplit(".", 1)[-1] == "weight":  # an (out, in) matrix
         return _rows_and_columns(computed, expected, tol)
     return []
 

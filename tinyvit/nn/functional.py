@@ -97,7 +97,7 @@ def erf(z):
     erf = 1 - erfc beyond; erf(-z) = -erf(z).
     """
     y = xp.abs(z)
-    out = xp.ones_like(y)  # y >= ERF_ONE
+    out = xp.where(y >= ERF_ONE, 1.0, y)  # 1 there, NaN stays NaN, the rest set below
     near, middle = y <= 0.5, (y > 0.5) & (y <= 4.0)
     tail = (y > 4.0) & (y < ERF_ONE)
     yn = y[near]
