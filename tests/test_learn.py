@@ -91,6 +91,17 @@ def test_filled_with_the_library_every_exercise_passes_and_trains(workbook, caps
     assert status.splitlines()[-1] == "24 of 24 passed"
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not B.cupy_available(), reason="CuPy with a CUDA GPU not available")
+def test_filled_with_the_library_every_exercise_passes_on_cupy_too(workbook, capsys):
+    """``check`` runs every case on NumPy, then on CuPy where a GPU is present."""
+    fill_all(workbook)
+    for ex in EXERCISES:
+        if ex.number != TRAINING:
+            getattr(load_exercise(workbook / ex.filename), f"test_{ex.name}")()
+    assert capsys.readouterr().out.count(": PASS, every stage") == len(EXERCISES) - 1
+
+
 PLANTED = {  # exercise: (the library's line, the learner's mistake, what the failure must say)
     "bias averaged instead of summed": (
         "linear", ("self.bias.grad += self.column_sum(dout2)",

@@ -120,7 +120,8 @@ def _upstream(module, inputs, before_forward):
 
 def _backward(ex, module, inputs, before_forward, dout, where):
     """{"input": dx, parameter name: its gradient} of one forward and backward from
-    zero gradients, on the host; the learner's exceptions become paragraphs."""
+    zero gradients (copies, on the active backend); the learner's exceptions become
+    paragraphs."""
     __tracebackhide__ = True  # pytest shows the paragraph, not these frames
     module.zero_grad()
     if on_cpu():
@@ -145,7 +146,7 @@ def _backward(ex, module, inputs, before_forward, dout, where):
         shape = getattr(value, "shape", None)
         if shape != shapes[name]:
             raise ExerciseFailed(_paragraph(ex, where, _wrong_shape(name, shape, shapes[name])))
-    return {name: to_host(value).copy() for name, value in computed.items()}
+    return {name: value.copy() for name, value in computed.items()}
 
 
 def _accumulates(ex, module, inputs, before_forward, dout, once, where):
@@ -155,7 +156,7 @@ def _accumulates(ex, module, inputs, before_forward, dout, once, where):
     module.forward(*inputs)
     module.backward(dout)
     for name, p in module.named_parameters():
-        if not doubled(to_host(p.grad), once[name]):
+        if not doubled(p.grad, once[name]):
             raise ExerciseFailed(_paragraph(
                 ex, where, f"{_tensor(name)} is assigned, not accumulated: a second backward "
                 "without zero_grad left it as it was instead of doubling it; add to it "
@@ -165,8 +166,9 @@ def _accumulates(ex, module, inputs, before_forward, dout, once, where):
 def _invariants(ex, computed, where):
     """What the derivation says must hold, said as the derivation says it."""
     __tracebackhide__ = True  # pytest shows the paragraph, not these frames
+    host = {name: to_host(value) for name, value in computed.items()}
     for broken, why in INVARIANTS.get(ex.name, ()):
-        what = broken(computed)
+        what = broken(host)
         if what:
             raise ExerciseFailed(_paragraph(ex, where, f"{what}: {why}"))
 
@@ -205,7 +207,7 @@ def _same_as_library(ex, name, value, expected, context, where):
     c = compare(name, value, expected)
     if c.rel_err <= SAME:
         return
-    findings = diagnose(c, value, expected, context, SAME)
+    findings = diagnose(c, to_host(value), to_host(expected), context, SAME)
     raise ExerciseFailed(_paragraph(
         ex, where, f"{_tensor(name)} differs from the library's (rel_err {c.rel_err:.1e}; worst "
         f"at {c.where}: yours {c.analytic:.6g}, the library's {c.numeric:.6g})", findings))
