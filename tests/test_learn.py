@@ -12,14 +12,14 @@ import pytest
 
 from conftest import randn
 from tinyvit import backend as B
-from tinyvit.learn import ExerciseFailed, check_training
+from tinyvit.learn import ExerciseFailed, check, check_training
 from tinyvit.learn import __main__ as command
-from tinyvit.learn.checking import load_exercise
+from tinyvit.learn.checking import NotWritten, load_exercise
 from tinyvit.learn.exercises import EXERCISES, TRAINING, by_name
 from tinyvit.learn.steps import LayerNormSteps, softmax_jacobian_backward
 from tinyvit.learn.workbook import fill
 from tinyvit.nn.functional import softmax, softmax_backward
-from tinyvit.nn.layers import LayerNorm
+from tinyvit.nn.layers import LayerNorm, Linear
 
 
 @pytest.fixture
@@ -140,6 +140,10 @@ PLANTED = {  # exercise: (the library's line, the learner's mistake, what the fa
         "residual", ("return dout + self.branch.backward(dout)",
                      "self.branch.backward(dout)\n        return dout"),
         "the skip's share alone: the branch's gradient is not added, dx = dout + df"),
+    "cross-entropy's gradient without the 1/B of its mean": (
+        "cross_entropy", ("return (xp.exp(log_probs) - t) * (dout / log_probs.shape[0])",
+                          "return (xp.exp(log_probs) - t) * dout"),
+        "the 1/4 of the mean is missing"),
     "the class token's gradient dropped": (
         "vit", ("self.cls_token.grad += dx[:, :1].sum(axis=0, keepdims=True)", "pass"),
         "cls_token's gradient differs from the library's", "computed is zero everywhere: this "
@@ -171,6 +175,19 @@ def test_hints_come_one_level_at_a_time_and_the_solution_after_an_attempt(workbo
     out = capsys.readouterr().out
     assert out.startswith("# tinyvit's own: tinyvit.nn.layers.Linear.backward")
     assert "self.bias.grad += self.column_sum(dout2)" in out
+
+
+def test_a_class_without_a_backward_of_its_own_is_a_blank():
+    class MyLinear(Linear):
+        def backwards(self, dout):  # misspelled: Linear.backward would run, and pass
+            return dout
+
+    with pytest.raises(NotWritten) as failed:
+        check(MyLinear)
+    assert str(failed.value).startswith(
+        "exercise 1 (Linear): MyLinear has no backward of its own: it inherits Linear.backward "
+        "from tinyvit; write MyLinear.backward (spelled so) between the markers of "
+        "ex01_linear.py\n")
 
 
 def test_the_command_says_what_is_wrong_in_one_line(tmp_path, capsys):

@@ -5,9 +5,9 @@ its check, ``diagnose`` compares the computed gradient with the expected one
 (central differences) and reports what it finds:
 
 - a constant ratio computed/expected, read where it means something: 0 (a term
-  never added), -1 (a sign), 1/M (a sum over M rows taken as their mean), an
-  integer (added that many times), sqrt(Dh) or 1/sqrt(Dh) (attention's scale
-  missing or applied twice);
+  never added), -1 (a sign), 1/M (a sum over M rows taken as their mean), a loss's
+  B (its mean over the batch taken as a sum), another integer (added that many
+  times), sqrt(Dh) or 1/sqrt(Dh) (attention's scale missing or applied twice);
 - the expected gradient transposed (an (in, out) weight gradient for (out, in));
 - the upstream gradient ``dout`` passed on as it came (a mask or a branch forgotten);
 - where the error sits: the q, k or v rows of a fused qkv projection and which heads,
@@ -28,6 +28,7 @@ import numpy as np  # the diagnosis works on host copies
 from ..backend import to_host
 from ..nn import layers
 from ..nn.functional import normal_cdf, normal_pdf, standardize
+from ..nn.loss import SoftmaxCrossEntropy
 
 FLAT = 1e-6  # a ratio is constant when every entry is within this of it, relative
 CLOSE = 1e-6  # two gradients are the same when they differ by this, relative to their scale
@@ -79,7 +80,7 @@ def _overall(name, computed, expected, context):
         return ["computed is zero everywhere: this gradient is never added"]
     ratio = constant_ratio(computed, expected)
     if ratio is not None:
-        value, meaning = _read_ratio(ratio, _head_dim(name, context))
+        value, meaning = _read_ratio(ratio, _head_dim(name, context), _rows(context))
         return [f"computed/expected = {value} everywhere: {meaning}"]
     if computed.ndim == 2 and computed.shape[0] == computed.shape[1] and _same(computed,
                                                                                expected.T):
@@ -106,8 +107,9 @@ def constant_ratio(computed, expected):
     return ratio if flat and everywhere else None
 
 
-def _read_ratio(ratio, head_dim):
-    """(a ratio as text, what it usually means)."""
+def _read_ratio(ratio, head_dim, rows=None):
+    """(a ratio as text, what it usually means), ``rows`` the rows a loss averages
+    over where the checked module is one."""
     if head_dim and math.isclose(ratio, math.sqrt(head_dim), rel_tol=1e-4):
         return (f"{ratio:.6g} = sqrt(Dh), Dh = {head_dim}",
                 "the 1/sqrt(Dh) scale of the scores is missing in the backward"
@@ -118,14 +120,25 @@ def _read_ratio(ratio, head_dim):
                 + _also_whole(head_dim, "or a stray factor of 1/{}"))
     if math.isclose(ratio, -1.0, rel_tol=1e-6):
         return "-1", "a sign is wrong"
-    rows = round(1 / ratio)
-    if rows >= 2 and math.isclose(ratio * rows, 1.0, rel_tol=1e-6):
-        return (f"1/{rows}", f"a sum over {rows} values (the rows of the batch) taken as their "
+    parts = round(1 / ratio)
+    if parts >= 2 and math.isclose(ratio * parts, 1.0, rel_tol=1e-6):
+        return (f"1/{parts}", f"a sum over {parts} values (the rows of the batch) taken as their "
                 "mean; a gradient adds up over every row that used the parameter")
     times = round(ratio)
+    if times >= 2 and times == rows and math.isclose(ratio, times, rel_tol=1e-6):
+        return f"{times}", (f"a mean over {times} values (the rows of the batch) taken as their "
+                            f"sum: the 1/{times} of the mean is missing")
     if times >= 2 and math.isclose(ratio, times, rel_tol=1e-6):
         return f"{times}", f"added {times} times"
     return f"{ratio:.6g}", "a constant factor is wrong"
+
+
+def _rows(context):
+    """The rows a loss averages over (its input's leading axes), or None for a layer
+    that takes no mean over its rows."""
+    if not isinstance(context.module, SoftmaxCrossEntropy):
+        return None
+    return math.prod(context.x.shape[:-1])
 
 
 def _also_whole(head_dim, other):
