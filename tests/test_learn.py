@@ -6,6 +6,7 @@ gradient check's list, planted in its exercise, fails with the diagnosis that na
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,9 +18,10 @@ from tinyvit.learn import __main__ as command
 from tinyvit.learn.checking import NotWritten, load_exercise
 from tinyvit.learn.exercises import EXERCISES, TRAINING, by_name
 from tinyvit.learn.steps import LayerNormSteps, softmax_jacobian_backward
+from tinyvit.learn.training import _learners_classes
 from tinyvit.learn.workbook import fill
 from tinyvit.nn.functional import softmax, softmax_backward
-from tinyvit.nn.layers import LayerNorm, Linear
+from tinyvit.nn.layers import Attention, LayerNorm, Linear
 
 
 @pytest.fixture
@@ -100,6 +102,16 @@ def test_filled_with_the_library_every_exercise_passes_on_cupy_too(workbook, cap
         if ex.number != TRAINING:
             getattr(load_exercise(workbook / ex.filename), f"test_{ex.name}")()
     assert capsys.readouterr().out.count(": PASS, every stage") == len(EXERCISES) - 1
+
+
+def test_the_training_runs_the_learners_functions_inside_the_learners_layers(workbook):
+    fill_all(workbook)
+    attention = _learners_classes(workbook)[Attention]
+    calls = {**attention.attend_backward.__globals__, **attention.backward.__globals__}
+    assert {name: Path(calls[name].__code__.co_filename).name for name in (
+        "softmax_backward", "split_heads_grad", "merge_qkv_grads")} == {
+        "softmax_backward": "ex11_softmax.py", "split_heads_grad": "ex13_merge_heads.py",
+        "merge_qkv_grads": "ex14_split_heads.py"}
 
 
 PLANTED = {  # exercise: (the library's line, the learner's mistake, what the failure must say)

@@ -2,15 +2,19 @@
 
 The model is built twice from one seed: once of the library's layers, once with
 every layer that the learner has written taking the learner's class (a class swap,
-as ``tinyvit.fast.accelerate`` does it). Both train the same steps on the same
-batches in float64, and their losses must be the same at every step: a backward that
-is right only at some shapes, or only where the checks looked, parts the curves.
+as ``tinyvit.fast.accelerate`` does it), whose methods call the learner's functions
+where their files import the library's (the softmax backward, splitting and merging
+the heads' gradients). Both train step by step, side by side, on the same batches
+in float64, and their losses must be the same at every step: a backward that is
+right only at some shapes, or only where the checks looked, parts the curves, and
+the training stops there.
 """
 
 import json
 import os
 
 import numpy as np  # the two loss curves, on the host
+from tqdm import tqdm
 
 from ..backend import default_dtype, using_backend
 from ..data import Batches, DatasetError, dataset_info, load_dataset
@@ -44,8 +48,7 @@ def check_training(folder):
             raise ExerciseFailed(f"exercise {TRAINING} trains on MNIST: {error} (write the "
                                  f"folder of the files into {folder / MARKER}, or set "
                                  "TINYVIT_DATA)") from None
-        library = _losses(None, None, batches)
-        mine = _losses(yours, yours.get(SoftmaxCrossEntropy), batches)
+        library, mine = _losses(yours, batches)
     parted = np.flatnonzero(np.abs(mine - library) > AGREE * np.abs(library))
     steps = len(library)
     table = [f"step {s:>3}: yours {mine[s]:.10f}, the library's {library[s]:.10f}"
@@ -67,10 +70,15 @@ def check_training(folder):
 def _learners_classes(folder):
     """{the library's class: the learner's} from the workbook's files; Attention takes
     both of the learner's methods (its core, exercise 12; the layer, exercise 15)."""
+    functions = {ex.reference: getattr(load_exercise(folder / ex.filename), ex.yours)
+                 for ex in EXERCISES if ex.number in NEEDED and ex.is_function}
     classes = {}
     for ex in EXERCISES:  # the first exercise of a method wins: GELU's exact form, not tanh's
         if ex.number in NEEDED and ex.method:
             module = load_exercise(folder / ex.filename)
+            for name, value in list(vars(module).items()):  # the learner's, where imported
+                if callable(value) and value in functions:
+                    setattr(module, name, functions[value])
             classes.setdefault(ex.reference, {}).setdefault(ex.method, getattr(module, ex.yours))
     return {reference: type(f"Your{reference.__name__}", (reference,),
                             {name: cls.__dict__[name] for name, cls in methods.items()})
@@ -86,18 +94,36 @@ def _batches(folder):
                    std=info.std, shuffle=True, drop_last=True)
 
 
-def _losses(yours, criterion_class, batches):
-    """The loss of every step of the MNIST preset (mean-pooled) from seed 0, its layers
-    the learner's where ``yours`` has them."""
-    model = create_model("mnist", pool="mean", seed=0)
-    for _, module in model.named_modules():
-        if yours and type(module) in yours:
-            module.__class__ = yours[type(module)]
-    criterion = (criterion_class or SoftmaxCrossEntropy)(label_smoothing=0.1)
-    optimizer = AdamW(model, lr=LR, weight_decay=0.05)
+def _losses(yours, batches):
+    """The losses of the MNIST preset (mean-pooled) from seed 0, step by step, of the
+    library's layers and of the learner's (``yours``), up to the first step at which
+    they part, or to the end."""
+    library, mine = _Trainer({}), _Trainer(yours)
     losses = []
-    for step, (x, y) in enumerate(batches.epoch(0)):
-        loss, _ = loss_and_gradients(model, criterion, x, y, seed=(0, step))
-        optimizer.step()
-        losses.append(float(loss))
-    return np.array(losses)
+    bar = tqdm(batches.epoch(0), total=len(batches), desc=f"exercise {TRAINING}",
+               unit="step", leave=False)
+    for step, (x, y) in enumerate(bar):
+        losses.append((library.step(x, y, step), mine.step(x, y, step)))
+        if abs(losses[-1][1] - losses[-1][0]) > AGREE * abs(losses[-1][0]):
+            break
+    bar.close()
+    return np.array(losses).T
+
+
+class _Trainer:
+    """The MNIST preset (mean-pooled) from seed 0 with AdamW, its layers the learner's
+    where ``yours`` ({the library's class: the learner's}) has them."""
+
+    def __init__(self, yours):
+        self.model = create_model("mnist", pool="mean", seed=0)
+        for _, module in self.model.named_modules():
+            if type(module) in yours:
+                module.__class__ = yours[type(module)]
+        self.criterion = yours.get(SoftmaxCrossEntropy, SoftmaxCrossEntropy)(label_smoothing=0.1)
+        self.optimizer = AdamW(self.model, lr=LR, weight_decay=0.05)
+
+    def step(self, x, y, step):
+        """One training step; returns its loss."""
+        loss, _ = loss_and_gradients(self.model, self.criterion, x, y, seed=(0, step))
+        self.optimizer.step()
+        return float(loss)

@@ -167,10 +167,12 @@ comments. Do them in order: each one's layers are the next one's parts.
     python -m pytest                      # every exercise, stopping nowhere
     python -m pytest -x                   # up to the first that fails
     python -m pytest ex01_linear.py       # one exercise
-    python -m tinyvit.learn check 1       # the same, from anywhere
+    python -m tinyvit.learn check 1       # the same
     python -m tinyvit.learn status        # where you stand
     python -m tinyvit.learn hint 1        # a hint; again for the next one
     python -m tinyvit.learn solution 1    # tinyvit's own, after an attempt that ran
+
+run in this folder; elsewhere, give it as the last argument (`check 1 DIR`).
 
 A check runs in stages and stops at the first that fails: the blank is written; every
 gradient has its array's shape; gradients accumulate (two backward passes double them);
