@@ -3,6 +3,8 @@ edited in tinyvit/nn/layers.py is what the gradient-check example checks and wha
 model built by ``create_model`` runs."""
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,24 @@ NEEDS_DOWNLOADED_WEIGHTS = "load_pretrained("
 
 def python_examples():
     return re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+
+
+def test_the_workbook_commands_put_a_learner_on_exercise_1(tmp_path, stripes):
+    """The two commands of "Learn backprop by doing", the install left out: the new
+    workbook's first failure is exercise 1, not written yet."""
+    block = README.read_text().split("## Learn backprop by doing")[1].split("```")[1]
+    install, start = block.strip().splitlines()[0].split(" && ")
+    assert install == 'pip install -e ".[learn]"'
+    start = start.replace("../shared/data", str(stripes)).replace("python", sys.executable, 1)
+    subprocess.run(start.split(), cwd=tmp_path, check=True, capture_output=True)
+    enter, run = block.strip().splitlines()[1].split(" && ")
+    assert enter == "cd workbook"
+    result = subprocess.run([sys.executable, *run.split()[1:]], cwd=tmp_path / "workbook",
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1
+    assert "exercise 1 (Linear), case 1 of 3, input (3, 7): not written yet: write " \
+        "MyLinear.backward between the markers of ex01_linear.py" in result.stdout
+    assert "1 failed" in result.stdout
 
 
 def test_the_examples_run_one_after_another(capsys):
