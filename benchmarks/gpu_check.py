@@ -305,10 +305,8 @@ def evaluation_note(epochs, total):
             f"to {gap - 1} epochs later")
 
 
-# Each phase's seconds: what it takes on an H100, with room to spare (2026-11-26, before the
-# graph runner was added to the benchmarks: environment 5-7 s, fast-tests 21-26, benchmark-128
-# 75-99 with two runners, launches 12-15 with two tiers, gpu-tests 142-152 in 8 processes).
-# benchmark-1024 is not measured with the fused kernels yet. cifar10 needs time for its first
+# Each phase's seconds: its time on an H100 (docs/performance.md, "The phases' times") with
+# room to spare for the runner and the tier timed since. cifar10 needs time for its first
 # epoch, which compiles CuPy's kernels, and a few more.
 PHASES = [
     Phase("environment", 30, environment_command, environment_figures),
