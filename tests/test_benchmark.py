@@ -268,3 +268,14 @@ def test_launches_sorts_the_profilers_cuda_events_by_name(bench):
                                              "Memset (Device)", "gelu_forward",
                                              "sm90_xmma_gemm_f32f32_tf32f32_f32_nn_n")] == [
         "memcpy", "memset", "kernel", "kernel"]
+
+
+def test_paired_times_two_commands_in_turn_and_stops_at_a_failure(tmp_path, capsys):
+    paired = load_script(SCRIPT.with_name("paired.py"))
+    log = tmp_path / "order.txt"
+    paired.main(["-n", "2", f"echo A >> {log}", f"echo B >> {log}"])
+    assert log.read_text().split() == ["A", "B", "A", "B", "A", "B"]  # the warm-ups, then pairs
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in out] == ["A", "B", "A/B wall, pair by pair"]
+    with pytest.raises(SystemExit, match=r"^paired.py: exit status 3 from: exit 3$"):
+        paired.main(["-n", "1", "exit 3", "true"])
