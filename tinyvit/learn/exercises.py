@@ -372,7 +372,8 @@ loss, a number (1.0 when the loss is the end). Return dlogits (B, K).""",
         (("tinyvit.backend", "xp"),),
     ),
     Exercise(
-        21, "col2im", "col2im", "stem", conv.col2im, "", "col2im", conv.sliding_windows,
+        21, "col2im", "im2col's backward, col2im", "stem", conv.col2im, "", "col2im",
+        conv.sliding_windows,
         "Conv2d as a matmul on im2col columns",
         "A convolution reads overlapping windows of the padded image; their gradients go back "
         "into the pixels they were read from, summed where windows overlap.",
