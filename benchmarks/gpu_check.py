@@ -38,9 +38,12 @@ They share one budget (``--budget``, 540 s): each phase may run for as long as
 ``PHASES`` gives it and is killed after that, and a phase that needs more than is left
 is skipped, with its reason. ``cifar10`` takes all that is left (train_mnist.py plans
 its epochs after the first so that the run ends in time). A failed phase does not stop
-the ones after it. ``--dry-run`` runs the same phases at tiny sizes on NumPy: the GPU
-tests collected and skipped, tests/test_fast.py on NumPy, ``benchmark.py --quick`` at
-batches 8 and 64, and one epoch of MNIST on 512 images from ``--data-dir``.
+the ones after it, with one exception: where the environment phase finds that tinyvit's
+cuBLAS binding fails on the GPU (or multiplies wrong), every later phase, all of which run
+the GPU tier's matmuls through it, is skipped with that reason. ``--dry-run`` runs the
+same phases at tiny sizes on NumPy: the GPU tests collected and skipped,
+tests/test_fast.py on NumPy, ``benchmark.py --quick`` at batches 8 and 64, and one epoch
+of MNIST on 512 images from ``--data-dir``.
 
 What it writes in OUT: ``summary.json`` (rewritten after each phase: the date, the
 machine, and per phase its command, status ok, failed or skipped with the reason,
@@ -93,6 +96,7 @@ THRESHOLDS = (0.85, 0.88, 0.90)  # test accuracies whose first elapsed seconds a
 DRY_BATCH_DIVISOR = 16  # the dry run's benchmark batches: 128 / 16 and 1024 / 16
 PART_MIB = 59  # CIFAR-10's parts: two 30.7 MB batch files each, under a 64 MiB copy
 XDIST_WORKERS = 8  # the gpu tests' processes, which share the GPU
+CUBLAS_AGREES = 0.1  # environment's product (entries up to 45): rounding, TF32's too, is less
 UNSET_FOR_BENCHMARK = ("CUPY_TF32", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 
 
@@ -329,12 +333,15 @@ def timeout_for(phase, left):
     return left if phase.rest else phase.seconds
 
 
-def run_phase(phase, args, left):
-    """Run ``phase`` within ``left`` seconds: its record for summary.json."""
+def run_phase(phase, args, left, blocked=None):
+    """Run ``phase`` within ``left`` seconds, unless ``blocked`` says why it cannot run:
+    its record for summary.json."""
     record = {"name": phase.name, "command": None, "status": "skipped", "reason": None,
               "exit_status": None, "seconds": 0.0, "timeout_s": None, "log": None,
               "figures": None}
     try:
+        if blocked:
+            raise Skip(blocked)
         timeout = timeout_for(phase, left)
         command = phase.command(args, timeout)
     except Skip as skip:
@@ -393,6 +400,20 @@ def run_logged(command, log, timeout):
                 out.write(f"\ngpu_check.py: killed it after {time.monotonic() - start:.0f} s\n")
 
 
+def cublas_problem(records):
+    """Why the GPU tier cannot run, from the environment phase's figures: tinyvit's
+    cuBLAS binding, which all its matmuls go through, failed or multiplied wrong; else
+    None. The phases after it would spend their minutes failing."""
+    found = next((r["figures"] for r in records if r["name"] == "environment" and r["figures"]),
+                 {})
+    if "cublas_error" in found:
+        return f"tinyvit's cuBLAS binding failed: {found['cublas_error']} (environment.json)"
+    if found.get("cublas_matmul_difference", 0.0) > CUBLAS_AGREES:
+        return (f"tinyvit's cuBLAS binding's product differs from CuPy's by "
+                f"{found['cublas_matmul_difference']:.1e} (environment.json)")
+    return None
+
+
 def machine_fields(records):
     """The host, and the GPU and processor that the environment phase found."""
     found = next((r["figures"] for r in records if r["name"] == "environment" and r["figures"]),
@@ -403,7 +424,8 @@ def machine_fields(records):
 
 def check(args, argv):
     """Run the phases asked for within the budget; write summary.json after each. Returns
-    the exit status: 1 if a phase failed."""
+    the exit status: 1 if a phase failed, or tinyvit's cuBLAS binding did (which skips
+    the phases after the environment's)."""
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     summary = {"date": time.strftime("%Y-%m-%d"), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -411,7 +433,8 @@ def check(args, argv):
                "dry_run": args.dry_run, "budget_s": args.budget, "spent_s": 0.0,
                "machine": machine_fields([]), "phases": []}
     for phase in (p for p in PHASES if p.name in args.phases):
-        record = run_phase(phase, args, args.budget - (time.monotonic() - start))
+        record = run_phase(phase, args, args.budget - (time.monotonic() - start),
+                           cublas_problem(summary["phases"]))
         summary["phases"].append(record)
         summary["machine"] = machine_fields(summary["phases"])
         summary["spent_s"] = round(time.monotonic() - start, 1)
@@ -419,7 +442,8 @@ def check(args, argv):
             f.write(json.dumps(summary, indent=1).encode())
         print_record(record, args.out)
     print(f"wrote {args.out / 'summary.json'}")
-    return int(any(r["status"] == "failed" for r in summary["phases"]))
+    return int(any(r["status"] == "failed" for r in summary["phases"])
+               or cublas_problem(summary["phases"]) is not None)
 
 
 def print_record(record, out):

@@ -223,6 +223,30 @@ def test_phases_run_in_turn_within_the_budget(gpu_check, tmp_path, monkeypatch, 
                                                                     "1", "s)"]
 
 
+@pytest.mark.parametrize("found, reason", [
+    ({"cublas_error": "OSError: libcublas.so.13: cannot open shared object file"},
+     "tinyvit's cuBLAS binding failed: OSError: libcublas.so.13: cannot open shared object "
+     "file (environment.json)"),
+    ({"cublas_library": "libcublas.so.13", "cublas_matmul_difference": 12.5},
+     "tinyvit's cuBLAS binding's product differs from CuPy's by 1.2e+01 (environment.json)")])
+def test_a_failed_cublas_binding_skips_the_phases_after_the_environment(gpu_check, tmp_path,
+                                                                         monkeypatch, found,
+                                                                         reason):
+    """Every phase after it runs the GPU tier, whose matmuls go through the binding."""
+    ran = tmp_path / "ran"
+    monkeypatch.setattr(gpu_check, "PHASES", [
+        gpu_check.Phase("environment", 5, lambda args, timeout: gpu_check.Command(
+            ["python", "-c", "pass"]), lambda args, log: found),
+        gpu_check.Phase("fast-tests", 5, lambda args, timeout: gpu_check.Command(
+            ["python", "-c", f"open({str(ran)!r}, 'w')"]), lambda args, log: None)])
+    argv = ["--out", str(tmp_path / "out"), "--budget", "30"]
+    assert gpu_check.check(gpu_check.parse_args(argv), argv) == 1
+    records = json.loads((tmp_path / "out/summary.json").read_text())["phases"]
+    assert [(r["name"], r["status"], r["reason"]) for r in records] == [
+        ("environment", "ok", None), ("fast-tests", "skipped", reason)]
+    assert not ran.exists()
+
+
 def test_pytest_figures_are_read_from_its_summary_line(gpu_check, tmp_path):
     log = tmp_path / "gpu-tests.log"
     log.write_text("$ python -m pytest -q -x -m gpu\n\n....F\n"
