@@ -15,7 +15,7 @@ from conftest import randn
 from tinyvit import backend as B
 from tinyvit.learn import ExerciseFailed, check, check_training
 from tinyvit.learn import __main__ as command
-from tinyvit.learn.checking import NotWritten, load_exercise
+from tinyvit.learn.checking import NotWritten, Progress, load_exercise
 from tinyvit.learn.exercises import EXERCISES, TRAINING, by_name
 from tinyvit.learn.steps import LayerNormSteps, softmax_jacobian_backward
 from tinyvit.learn.training import _learners_classes
@@ -112,6 +112,24 @@ def test_the_training_runs_the_learners_functions_inside_the_learners_layers(wor
         "softmax_backward", "split_heads_grad", "merge_qkv_grads")} == {
         "softmax_backward": "ex11_softmax.py", "split_heads_grad": "ex13_merge_heads.py",
         "merge_qkv_grads": "ex14_split_heads.py"}
+
+
+def test_the_training_stops_where_the_losses_part(workbook):
+    """A bias gradient of the wrong sign (doubled, AdamW would not see it: it divides
+    each gradient by its own scale), with exercises 1-19 marked as passed: step 0's loss
+    comes before any update and agrees; step 1's does not, and the training stops there."""
+    fill_all(workbook)
+    path = workbook / by_name("linear").filename
+    path.write_text(path.read_text().replace("self.bias.grad += self.column_sum(dout2)",
+                                             "self.bias.grad -= self.column_sum(dout2)"))
+    for number in range(1, TRAINING):
+        Progress(workbook).record(number, "pass")
+    with pytest.raises(ExerciseFailed) as failed:
+        check_training(workbook)
+    lines = str(failed.value).splitlines()
+    assert lines[0].startswith(f"exercise {TRAINING} (training): the loss curves part at step "
+                               "1: yours ")
+    assert [line.split(":")[0] for line in lines[1:]] == ["step   0", "step   1"]
 
 
 PLANTED = {  # exercise: (the library's line, the learner's mistake, what the failure must say)

@@ -49,7 +49,7 @@ def check_training(folder):
                                  f"folder of the files into {folder / MARKER}, or set "
                                  "TINYVIT_DATA)") from None
         library, mine = _losses(yours, batches)
-    parted = np.flatnonzero(np.abs(mine - library) > AGREE * np.abs(library))
+    parted = np.flatnonzero(_apart(library, mine))
     steps = len(library)
     table = [f"step {s:>3}: yours {mine[s]:.10f}, the library's {library[s]:.10f}"
              for s in sorted({0, steps // 4, steps // 2, 3 * steps // 4, steps - 1})]
@@ -100,14 +100,19 @@ def _losses(yours, batches):
     they part, or to the end."""
     library, mine = _Trainer({}), _Trainer(yours)
     losses = []
-    bar = tqdm(batches.epoch(0), total=len(batches), desc=f"exercise {TRAINING}",
-               unit="step", leave=False)
-    for step, (x, y) in enumerate(bar):
-        losses.append((library.step(x, y, step), mine.step(x, y, step)))
-        if abs(losses[-1][1] - losses[-1][0]) > AGREE * abs(losses[-1][0]):
-            break
-    bar.close()
+    with tqdm(batches.epoch(0), total=len(batches), desc=f"exercise {TRAINING}", unit="step",
+              leave=False) as bar:
+        for step, (x, y) in enumerate(bar):
+            losses.append((library.step(x, y, step), mine.step(x, y, step)))
+            if _apart(*losses[-1]):
+                break
     return np.array(losses).T
+
+
+def _apart(library, mine):
+    """Whether the learner's loss differs from the library's by more than AGREE, relative
+    (for one step, or elementwise for the curves)."""
+    return abs(mine - library) > AGREE * abs(library)
 
 
 class _Trainer:
