@@ -277,6 +277,20 @@ def test_a_signal_to_one_process_stops_all_at_one_step_and_the_run_resumes(strip
 
 
 @mpi
+def test_a_run_of_one_process_resumes_in_two(stripes, tmp_path):
+    """Stopped by one process after six steps, resumed by two: the run ends with the
+    weights of an uninterrupted one-process run."""
+    assert run(1, stripes, tmp_path / "run", "steps=6")[0] == 130
+    rc, out = run(2, stripes, tmp_path / "run", "resume=" + str(tmp_path / "run/last.npz"))
+    assert rc == 0, out
+    assert run(1, stripes, tmp_path / "whole")[0] == 0
+    resumed, whole = weights(tmp_path / "run/last.npz"), weights(tmp_path / "whole/last.npz")
+    for name in whole:
+        np.testing.assert_allclose(resumed[name], whole[name], rtol=1e-12, atol=1e-12,
+                                   err_msg=name)
+
+
+@mpi
 def test_a_killed_process_ends_the_run_with_none_left(stripes, tmp_path):
     process = launch(2, stripes, tmp_path / "run", "epochs=30", start_new_session=True)
     ranks = pids(process, 2)
