@@ -302,25 +302,26 @@ def plot_attention_distance(distances, path, token_size, image_size, num_images)
     references, uniform attention over all patches (the mean pairwise patch
     distance) and attention on one's own patch only (0); and zoomed in on the heads."""
     distances = np.asarray(distances)
-    L, H = distances.shape
-    layers = np.arange(1, L + 1)
+    depth, NH = distances.shape
+    layers = np.arange(1, depth + 1)
     uniform = patch_distances(round(image_size / token_size), token_size).mean()
 
     heads = [plot.Series(f"head {h + 1}", layers, distances[:, h], style="markers")
-             for h in range(H)]
+             for h in range(NH)]
     heads.append(plot.Series("mean of heads", layers, distances.mean(axis=1), color=plot.INK))
     references = [
-        plot.Series(f"uniform attention ({uniform:.1f} px)", [1, L], [uniform, uniform],
+        plot.Series(f"uniform attention ({uniform:.1f} px)", [1, depth], [uniform, uniform],
                     color=plot.FRAME),
-        plot.Series("own patch only (0 px)", [1, L], [0.0, 0.0], color=(200, 200, 200)),
+        plot.Series("own patch only (0 px)", [1, depth], [0.0, 0.0], color=(200, 200, 200)),
     ]
     xlabel, ylabel = "network depth (layer)", "mean attention distance (pixels)"
     return plot.line_chart(
         [plot.Panel("from 0, with references", xlabel, ylabel, heads + references),
          plot.Panel("zoomed in on the heads", xlabel, ylabel, heads)],
         path, panel_size=(520, 400),
-        title=f"mean attention distance between query and key patches: {L} layers x {H} heads, "
-              f"{num_images} images of {image_size}x{image_size} px, {token_size:g} px per token",
+        title=f"mean attention distance between query and key patches: {depth} layers x {NH} "
+              f"heads, {num_images} images of {image_size}x{image_size} px, {token_size:g} px "
+              "per token",
     )
 
 

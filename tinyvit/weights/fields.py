@@ -102,14 +102,14 @@ def hf_fields(config, path):
         if len(set(size)) != 1:
             raise PretrainedError(f"{path}: expected square images, got image_size {size}")
         size = size[0]
-    D, M = c["hidden_size"], c["intermediate_size"]
-    if int(D * (M / D)) != M:
-        raise PretrainedError(f"{path}: intermediate_size {M} is not a whole mlp_ratio of "
+    D, Dm = c["hidden_size"], c["intermediate_size"]
+    if int(D * (Dm / D)) != Dm:
+        raise PretrainedError(f"{path}: intermediate_size {Dm} is not a whole mlp_ratio of "
                               f"hidden_size {D}")
     labels = c.get("id2label")
     return {"image_size": size, "patch_size": c["patch_size"], "in_channels": c["num_channels"],
             "embed_dim": D, "depth": c["num_hidden_layers"], "num_heads": c["num_attention_heads"],
-            "mlp_ratio": M / D, "qkv_bias": c["qkv_bias"], "norm_eps": c["layer_norm_eps"],
+            "mlp_ratio": Dm / D, "qkv_bias": c["qkv_bias"], "norm_eps": c["layer_norm_eps"],
             "pool": "cls", "representation_size": 0,
             "num_classes": len(labels) if labels else c.get("num_labels", 2)}
 
