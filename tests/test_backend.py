@@ -27,3 +27,14 @@ def test_float_dtype_takes_names_and_types_and_names_what_it_refuses():
         assert B.float_dtype(None) is np.float64
     with pytest.raises(ValueError, match=r"^dtype must be float32 or float64, got int32$"):
         B.float_dtype("int32")
+
+
+def test_unpooled_bytes_come_from_no_memory_pool(backend):
+    """A CUDA graph's private pool may go before the array (cuBLAS's workspace) does."""
+    a = B.unpooled_bytes(1000)
+    assert a.shape == (1000,) and a.dtype == np.uint8 and B.is_array(a)
+    if not B.on_cpu():
+        pool = B.xp.cuda.MemoryPool()
+        with B.xp.cuda.using_allocator(pool.malloc):
+            B.unpooled_bytes(1 << 20)
+        assert pool.total_bytes() == 0

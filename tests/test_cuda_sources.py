@@ -8,7 +8,7 @@ every GPU kernel class (shapes, dtypes, argument order, launch shapes) is right.
 2. The classes of ``tinyvit/fast/gpu.py`` run on NumPy with every kernel replaced
    by a NumPy mirror of it (``MIRRORS``, one line of the kernel's math each): each
    launch is checked against the C signature parsed from its source (pointers to
-   contiguous arrays of the right dtype, C long and int as int64 and int32, T as
+   contiguous arrays of the right dtype, C long long and int as int64 and int32, T as
    the arrays' float) and its grid against CUDA's limits, and the classes must
    give the reference's outputs and gradients. cuBLAS's GEMM is replaced the same
    way, by a NumPy model of its column-major contract (``cuda_mirrors.gemm``), and
@@ -100,7 +100,7 @@ def check_argument(c_type, value, dtype, where):
         assert isinstance(value, np.ndarray) and value.dtype == element, where
         assert value.flags.c_contiguous, f"{where}: a kernel ignores strides"
     else:
-        expected = {"T": dtype.type, "long": np.int64, "int": np.int32,
+        expected = {"T": dtype.type, "long long": np.int64, "int": np.int32,
                     "unsigned long long": np.uint64, "double": np.float64}[t]
         assert type(value) is expected, f"{where}: {type(value).__name__} for C {c_type}"
 
@@ -318,8 +318,11 @@ def test_the_binding_finds_the_libcublas_the_process_mapped():
             "7f3b0000-7f3c0000 r-xp 00000000 08:01 2 /nvidia/cu13/lib/libcublasLt.so.13",
             "7f3d0000-7f3e0000 r-xp 00000000 08:01 3 /nvidia/cu13/lib/libcublas.so.13",
             "7f3e0000-7f3e1000 rw-p 00000000 00:00 0 "]
-    assert cublas.mapped_cublas(maps) == "/nvidia/cu13/lib/libcublas.so.13"
-    assert cublas.mapped_cublas(maps[:2]) is None
+    assert cublas.mapped_cublas(maps, 13) == "/nvidia/cu13/lib/libcublas.so.13"
+    assert cublas.mapped_cublas(maps[:2], 13) is None
+    cuda12 = "7f4d0000-7f4e0000 r-xp 00000000 08:01 4 /a/nvidia/cublas/lib/libcublas.so.12"
+    assert cublas.mapped_cublas([*maps, cuda12], 13) == "/nvidia/cu13/lib/libcublas.so.13"
+    assert cublas.mapped_cublas([*maps, cuda12], 12) == "/a/nvidia/cublas/lib/libcublas.so.12"
 
 
 def test_the_binding_names_a_failed_call_and_follows_cupy_tf32(fake_cublas, monkeypatch):

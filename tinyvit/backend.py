@@ -140,9 +140,20 @@ def to_host(a):
     return numpy.asarray(a)
 
 
+def unpooled_bytes(nbytes):
+    """A uint8 array of ``nbytes`` in memory of its own: on a GPU allocated directly
+    (cudaMalloc), not from whichever memory pool is active (a CUDA graph's private
+    one, which may go before the array does), and freed with the array."""
+    if _active is numpy:
+        return numpy.empty(nbytes, dtype=numpy.uint8)
+    memory = _active.cuda.MemoryPointer(_active.cuda.Memory(nbytes), 0)
+    return _active.ndarray((nbytes,), dtype=_active.uint8, memptr=memory)
+
+
 def write(a, values):
     """Copy host ``values`` (a sequence or NumPy array of a's shape) into the array
-    ``a`` in place; on a GPU queued on the current stream, the host not waiting."""
+    ``a`` in place; on a GPU queued on the current stream, the host not waiting. Not
+    inside a captured CUDA graph, which refuses copies from the host: write before."""
     if _active is numpy:
         a[...] = values
     else:

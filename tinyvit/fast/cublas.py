@@ -24,7 +24,7 @@ import math
 import os
 from pathlib import Path
 
-from ..backend import address, xp
+from ..backend import address, unpooled_bytes, xp
 
 WORKSPACE_BYTES = 32 * 1024 * 1024  # what cuBLAS asks for on Hopper GPUs; enough before
 DEFAULT_MATH, TF32_MATH = 0, 3  # cublasMath_t: full float32, or TF32 tensor cores (CUPY_TF32=1)
@@ -86,18 +86,21 @@ def library():
     """libcublas as CuPy loaded it: on Linux the file the process has mapped, elsewhere
     the library of CUDA's major version by its name."""
     xp.cuda.device.get_cublas_handle()  # CuPy opens libcublas for its own handle
+    major = xp.cuda.runtime.runtimeGetVersion() // 1000
     maps = Path("/proc/self/maps")
-    path = mapped_cublas(maps.read_text().splitlines()) if maps.exists() else None
+    path = mapped_cublas(maps.read_text().splitlines(), major) if maps.exists() else None
     if path is None:
-        major = xp.cuda.runtime.runtimeGetVersion() // 1000
         path = f"cublas64_{major}.dll" if os.name == "nt" else f"libcublas.so.{major}"
     return bind(ctypes.CDLL(path))
 
 
-def mapped_cublas(maps):
-    """The path of libcublas among the lines of /proc/self/maps, or None."""
+def mapped_cublas(maps, major):
+    """The path of libcublas among the lines of /proc/self/maps, or None: the one of
+    CUDA's ``major`` version where another is mapped too (another library's, say a
+    PyTorch built for another CUDA)."""
     paths = sorted({line.split()[-1] for line in maps if "/libcublas.so" in line})
-    return paths[0] if paths else None
+    ours = [path for path in paths if path.endswith(f".so.{major}")]
+    return (ours or paths or [None])[0]
 
 
 def bind(lib):
@@ -128,7 +131,7 @@ class Handle:
         tf32 = os.environ.get("CUPY_TF32", "0") == "1"  # as CuPy's own float32 matmuls
         check(lib.cublasSetMathMode(self.handle, TF32_MATH if tf32 else DEFAULT_MATH),
               "SetMathMode")
-        self.workspace = xp.empty(WORKSPACE_BYTES, dtype=xp.uint8)
+        self.workspace = unpooled_bytes(WORKSPACE_BYTES)  # lives as long as the handle
 
     def use_stream(self, stream):
         """Queue the next calls on ``stream`` (a pointer; 0 the default stream). Setting
