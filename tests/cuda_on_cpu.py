@@ -105,8 +105,8 @@ template <class Kernel> void run_grid(Index grid, Index block, Kernel kernel) {
 """
 
 SHARED_BYTES = 1 << 18
-C_TYPES = {"T": None, "long": ctypes.c_long, "int": ctypes.c_int, "double": ctypes.c_double,
-           "unsigned long long": ctypes.c_ulonglong}
+C_TYPES = {"T": None, "long long": ctypes.c_longlong, "int": ctypes.c_int,
+           "double": ctypes.c_double, "unsigned long long": ctypes.c_ulonglong}
 FLOATS = {"float32": ctypes.c_float, "float64": ctypes.c_double}
 
 

@@ -8,11 +8,11 @@
 // (`schedule`), not passed by value, so that a CUDA graph that captured the launch follows
 // the schedule. Every constant comes computed in double: 1 - beta2 in float, 1 - 0.999f, has
 // lost 4 digits.
-extern "C" __global__ void adamw_update(T* p, const T* g, T* m, T* v, const T* decay, long n,
+extern "C" __global__ void adamw_update(T* p, const T* g, T* m, T* v, const T* decay, long long n,
                                         const double* schedule, T beta1, T one_minus_beta1,
                                         T beta2, T one_minus_beta2, T eps, T weight_decay) {
     T lr = (T)schedule[0], bias1 = (T)schedule[1], bias2_sqrt = (T)schedule[2];
-    for (long i = first_index(); i < n; i += grid_stride()) {
+    for (long long i = first_index(); i < n; i += grid_stride()) {
         T w = p[i] - lr * weight_decay * decay[i] * p[i];
         T mi = beta1 * m[i] + one_minus_beta1 * g[i];
         T vi = beta2 * v[i] + one_minus_beta2 * g[i] * g[i];

@@ -29,14 +29,14 @@ extern __shared__ unsigned char shared_memory[];  // its size: tinyvit/fast/gpu.
 // b (tokens follow 3D apart; k is D further, v 2D), and the bias of the head's q (likewise).
 struct Head {
     int b, h, D;
-    long stride;  // 3D: from one token's qkv to the next's
+    long long stride;  // 3D: from one token's qkv to the next's
     const T* tokens;
     const T* bias;
 };
 
 __device__ Head head(const T* qkv, const T* bias, int N, int NH, int Dh) {
     int b = blockIdx.x / NH, h = blockIdx.x % NH, D = NH * Dh;
-    return Head{b, h, D, 3L * D, qkv + (long)b * N * 3 * D + h * Dh, bias + h * Dh};
+    return Head{b, h, D, 3L * D, qkv + (long long)b * N * 3 * D + h * Dh, bias + h * Dh};
 }
 
 // The block's shared memory: two matrices of N rows of Dh values (each row P = Dh + 1
@@ -54,7 +54,7 @@ __device__ Shared shared(int N, int Dh) {
 }
 
 // dst[n][d] = src[n * stride + d] (+ bias[d]) for every n < N, d < Dh, by the whole block
-__device__ void stage(T* dst, int P, const T* src, long stride, const T* bias, int N, int Dh) {
+__device__ void stage(T* dst, int P, const T* src, long long stride, const T* bias, int N, int Dh) {
     for (int k = threadIdx.x; k < N * Dh; k += blockDim.x) {
         int n = k / Dh, d = k % Dh;
         dst[n * P + d] = src[n * stride + d] + (bias ? bias[d] : (T)0);
@@ -62,13 +62,13 @@ __device__ void stage(T* dst, int P, const T* src, long stride, const T* bias, i
 }
 
 // Where row i of (b, h)'s (Q, N) matrices (A, dS) starts
-__device__ long matrix_row(int i, int Q, int N) {
-    return ((long)blockIdx.x * Q + i) * N;
+__device__ long long matrix_row(int i, int Q, int N) {
+    return ((long long)blockIdx.x * Q + i) * N;
 }
 
 // Where token i's values of head h start in an array of merged heads, (B, tokens, width)
-__device__ long merged(Head x, int i, int tokens, long width, int Dh) {
-    return ((long)x.b * tokens + i) * width + x.h * Dh;
+__device__ long long merged(Head x, int i, int tokens, long long width, int Dh) {
+    return ((long long)x.b * tokens + i) * width + x.h * Dh;
 }
 
 // For the lane's keys j_t = lane + 32 t < N (SLOTS of them, t < SLOTS):

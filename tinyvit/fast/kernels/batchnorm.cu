@@ -9,7 +9,7 @@
 //     running_var  = (1 - m) running_var  + m var n / (n - 1)
 // Each channel's sums are one block's: no atomics, the same order every run.
 
-__device__ __forceinline__ long channel_index(long i, int c, int C, long HW) {
+__device__ __forceinline__ long long channel_index(long long i, int c, int C, long long HW) {
     return (i / HW * C + c) * HW + i % HW;  // value i of channel c: image i / HW, pixel i % HW
 }
 
@@ -26,22 +26,22 @@ __device__ T block_sum(T v, T* shared) {
 
 extern "C" __global__ void batchnorm_forward(const T* x, const T* gamma, const T* beta, T* y,
                                              T* xhat, T* rstd, T* running_mean, T* running_var,
-                                             long B, int C, long HW, T eps, T momentum) {
+                                             long long B, int C, long long HW, T eps, T momentum) {
     __shared__ T shared[32];
     int c = blockIdx.x;
-    long n = B * HW;
+    long long n = B * HW;
     T sum = 0;
-    for (long i = threadIdx.x; i < n; i += blockDim.x) sum += x[channel_index(i, c, C, HW)];
+    for (long long i = threadIdx.x; i < n; i += blockDim.x) sum += x[channel_index(i, c, C, HW)];
     T mean = block_sum(sum, shared) / n;
     T squares = 0;
-    for (long i = threadIdx.x; i < n; i += blockDim.x) {
+    for (long long i = threadIdx.x; i < n; i += blockDim.x) {
         T d = x[channel_index(i, c, C, HW)] - mean;
         squares += d * d;
     }
     T var = block_sum(squares, shared) / n;
     T r = (T)1 / sqrt(var + eps);
-    for (long i = threadIdx.x; i < n; i += blockDim.x) {
-        long k = channel_index(i, c, C, HW);
+    for (long long i = threadIdx.x; i < n; i += blockDim.x) {
+        long long k = channel_index(i, c, C, HW);
         T h = (x[k] - mean) * r;
         xhat[k] = h;
         y[k] = gamma[c] * h + beta[c];
@@ -56,8 +56,8 @@ extern "C" __global__ void batchnorm_forward(const T* x, const T* gamma, const T
 // eval mode, one thread per value: y = (x - running_mean) gamma / sqrt(running_var + eps) + beta
 extern "C" __global__ void batchnorm_eval(const T* x, const T* gamma, const T* beta,
                                           const T* running_mean, const T* running_var, T* y,
-                                          long total, int C, long HW, T eps) {
-    for (long k = first_index(); k < total; k += grid_stride()) {
+                                          long long total, int C, long long HW, T eps) {
+    for (long long k = first_index(); k < total; k += grid_stride()) {
         int c = k / HW % C;
         y[k] = (x[k] - running_mean[c]) * (gamma[c] / sqrt(running_var[c] + eps)) + beta[c];
     }
@@ -68,21 +68,21 @@ extern "C" __global__ void batchnorm_eval(const T* x, const T* gamma, const T* b
 // the parameters' gradients are the very sums dx needs, so one launch does all three.
 extern "C" __global__ void batchnorm_backward(const T* dy, const T* xhat, const T* rstd,
                                               const T* gamma, T* dx, T* dgamma, T* dbeta,
-                                              long B, int C, long HW) {
+                                              long long B, int C, long long HW) {
     __shared__ T shared[32];
     int c = blockIdx.x;
-    long n = B * HW;
+    long long n = B * HW;
     T sum_dy = 0, sum_dyh = 0;
-    for (long i = threadIdx.x; i < n; i += blockDim.x) {
-        long k = channel_index(i, c, C, HW);
+    for (long long i = threadIdx.x; i < n; i += blockDim.x) {
+        long long k = channel_index(i, c, C, HW);
         sum_dy += dy[k];
         sum_dyh += dy[k] * xhat[k];
     }
     sum_dy = block_sum(sum_dy, shared);
     sum_dyh = block_sum(sum_dyh, shared);
     T mean_g = gamma[c] * sum_dy / n, mean_gh = gamma[c] * sum_dyh / n;
-    for (long i = threadIdx.x; i < n; i += blockDim.x) {
-        long k = channel_index(i, c, C, HW);
+    for (long long i = threadIdx.x; i < n; i += blockDim.x) {
+        long long k = channel_index(i, c, C, HW);
         dx[k] = rstd[c] * (dy[k] * gamma[c] - mean_g - xhat[k] * mean_gh);
     }
     if (threadIdx.x == 0) {

@@ -8,13 +8,13 @@
 // Each row writes its loss_b; the caller sums them. A label outside [0, K) makes its row's
 // loss and gradient NaN: the caller does not read the labels to check them.
 
-__device__ __forceinline__ T target(const T* soft, long label, T smoothing, int K, int k) {
+__device__ __forceinline__ T target(const T* soft, long long label, T smoothing, int K, int k) {
     if (soft) return soft[k];
     return smoothing / K + (k == label ? (T)1 - smoothing : (T)0);
 }
 
-__device__ void cross_entropy_row(const T* z, const T* soft, long label, T smoothing,
-                                  T* loss, T* grad, long B, int K) {
+__device__ void cross_entropy_row(const T* z, const T* soft, long long label, T smoothing,
+                                  T* loss, T* grad, long long B, int K) {
     T largest = z[0];
     for (int k = lane(); k < K; k += 32) largest = max(largest, z[k]);
     largest = warp_max(largest);
@@ -33,17 +33,17 @@ __device__ void cross_entropy_row(const T* z, const T* soft, long label, T smoot
 }
 
 // soft targets t (B, K)
-extern "C" __global__ void cross_entropy_soft(const T* z, const T* t, T* loss, T* grad, long B,
+extern "C" __global__ void cross_entropy_soft(const T* z, const T* t, T* loss, T* grad, long long B,
                                               int K) {
-    long b = warp_row();
+    long long b = warp_row();
     if (b >= B) return;
     cross_entropy_row(z + b * K, t + b * K, 0, (T)0, loss + b, grad + b * K, B, K);
 }
 
 // integer labels (B,), smoothed
 extern "C" __global__ void cross_entropy_labels(const T* z, const long long* labels,
-                                                T smoothing, T* loss, T* grad, long B, int K) {
-    long b = warp_row();
+                                                T smoothing, T* loss, T* grad, long long B, int K) {
+    long long b = warp_row();
     if (b >= B) return;
     cross_entropy_row(z + b * K, nullptr, labels[b], smoothing, loss + b, grad + b * K, B, K);
 }

@@ -17,11 +17,11 @@ __device__ __forceinline__ unsigned long long splitmix64(unsigned long long seed
     return z ^ (z >> 31);
 }
 
-extern "C" __global__ void dropout_apply(const T* x, T* y, long n,
+extern "C" __global__ void dropout_apply(const T* x, T* y, long long n,
                                          const unsigned long long* seed,
                                          unsigned long long draw, double p, T scale) {
     unsigned long long key = splitmix64(seed[0], draw);
-    for (long i = first_index(); i < n; i += grid_stride()) {
+    for (long long i = first_index(); i < n; i += grid_stride()) {
         double u = (double)(splitmix64(key, i) >> 11) * (1.0 / 9007199254740992.0);  // /2^53
         y[i] = u >= p ? x[i] * scale : (T)0;
     }

@@ -18,23 +18,23 @@ __device__ __forceinline__ T gelu_slope(T x) {  // y'(x)
     return cdf + x * pdf;
 }
 
-extern "C" __global__ void gelu_forward(const T* x, T* y, long n) {
-    for (long i = first_index(); i < n; i += grid_stride()) y[i] = gelu(x[i]);
+extern "C" __global__ void gelu_forward(const T* x, T* y, long long n) {
+    for (long long i = first_index(); i < n; i += grid_stride()) y[i] = gelu(x[i]);
 }
 
 // dx = dy * y'(x), x the forward's input
-extern "C" __global__ void gelu_backward(const T* x, const T* dy, T* dx, long n) {
-    for (long i = first_index(); i < n; i += grid_stride()) dx[i] = dy[i] * gelu_slope(x[i]);
+extern "C" __global__ void gelu_backward(const T* x, const T* dy, T* dx, long long n) {
+    for (long long i = first_index(); i < n; i += grid_stride()) dx[i] = dy[i] * gelu_slope(x[i]);
 }
 
 // y = GELU(u + b) over rows of D values (u is (M, D), b is (D,))
-extern "C" __global__ void bias_gelu_forward(const T* u, const T* b, T* y, long n, int D) {
-    for (long i = first_index(); i < n; i += grid_stride()) y[i] = gelu(u[i] + b[i % D]);
+extern "C" __global__ void bias_gelu_forward(const T* u, const T* b, T* y, long long n, int D) {
+    for (long long i = first_index(); i < n; i += grid_stride()) y[i] = gelu(u[i] + b[i % D]);
 }
 
 // du = dy * y'(u + b): the gradient of the matmul's output, and of the bias before its sum
 extern "C" __global__ void bias_gelu_backward(const T* u, const T* b, const T* dy, T* du,
-                                              long n, int D) {
-    for (long i = first_index(); i < n; i += grid_stride())
+                                              long long n, int D) {
+    for (long long i = first_index(); i < n; i += grid_stride())
         du[i] = dy[i] * gelu_slope(u[i] + b[i % D]);
 }

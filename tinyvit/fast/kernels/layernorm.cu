@@ -27,8 +27,8 @@ __device__ void layernorm_row(const T* x, const T* gamma, const T* beta, T* y, T
 }
 
 extern "C" __global__ void layernorm_forward(const T* x, const T* gamma, const T* beta, T* y,
-                                             T* xhat, T* rstd, long rows, int D, T eps) {
-    long row = warp_row();
+                                             T* xhat, T* rstd, long long rows, int D, T eps) {
+    long long row = warp_row();
     if (row >= rows) return;  // the whole warp: a warp holds one row
     layernorm_row(x + row * D, gamma, beta, y + row * D, xhat + row * D, rstd + row, D, eps);
 }
@@ -36,8 +36,8 @@ extern "C" __global__ void layernorm_forward(const T* x, const T* gamma, const T
 // s = x + r (+ bias, when given), then y = LayerNorm(s): each lane reads back only the
 // values it wrote
 __device__ void add_layernorm(const T* x, const T* r, const T* bias, T* s, const T* gamma,
-                              const T* beta, T* y, T* xhat, T* rstd, long rows, int D, T eps) {
-    long row = warp_row();
+                              const T* beta, T* y, T* xhat, T* rstd, long long rows, int D, T eps) {
+    long long row = warp_row();
     if (row >= rows) return;
     for (int j = lane(); j < D; j += 32)
         s[row * D + j] = x[row * D + j] + r[row * D + j] + (bias ? bias[j] : (T)0);
@@ -46,7 +46,7 @@ __device__ void add_layernorm(const T* x, const T* r, const T* bias, T* s, const
 
 extern "C" __global__ void add_layernorm_forward(const T* x, const T* r, T* s, const T* gamma,
                                                  const T* beta, T* y, T* xhat, T* rstd,
-                                                 long rows, int D, T eps) {
+                                                 long long rows, int D, T eps) {
     add_layernorm(x, r, nullptr, s, gamma, beta, y, xhat, rstd, rows, D, eps);
 }
 
@@ -54,7 +54,7 @@ extern "C" __global__ void add_layernorm_forward(const T* x, const T* r, T* s, c
 // projection)
 extern "C" __global__ void add_bias_layernorm_forward(const T* x, const T* r, const T* bias,
                                                       T* s, const T* gamma, const T* beta, T* y,
-                                                      T* xhat, T* rstd, long rows, int D,
+                                                      T* xhat, T* rstd, long long rows, int D,
                                                       T eps) {
     add_layernorm(x, r, bias, s, gamma, beta, y, xhat, rstd, rows, D, eps);
 }
@@ -76,8 +76,8 @@ __device__ void layernorm_backward_row(const T* dy, const T* xhat, T rstd, const
 }
 
 extern "C" __global__ void layernorm_backward(const T* dy, const T* xhat, const T* rstd,
-                                              const T* gamma, T* dx, long rows, int D) {
-    long row = warp_row();
+                                              const T* gamma, T* dx, long long rows, int D) {
+    long long row = warp_row();
     if (row >= rows) return;
     layernorm_backward_row(dy + row * D, xhat + row * D, rstd[row], gamma, nullptr,
                            dx + row * D, D);
@@ -86,8 +86,8 @@ extern "C" __global__ void layernorm_backward(const T* dy, const T* xhat, const 
 // dx = skip + the LayerNorm's backward of dy: a residual's gradient, its skip added here
 extern "C" __global__ void layernorm_backward_add(const T* dy, const T* xhat, const T* rstd,
                                                   const T* gamma, const T* skip, T* dx,
-                                                  long rows, int D) {
-    long row = warp_row();
+                                                  long long rows, int D) {
+    long long row = warp_row();
     if (row >= rows) return;
     layernorm_backward_row(dy + row * D, xhat + row * D, rstd[row], gamma, skip + row * D,
                            dx + row * D, D);
@@ -101,13 +101,13 @@ extern "C" __global__ void layernorm_backward_add(const T* dy, const T* xhat, co
 #define COLUMN_ROWS 8
 
 extern "C" __global__ void layernorm_param_grads(const T* dy, const T* xhat, T* dgamma,
-                                                 T* dbeta, long rows, int D) {
+                                                 T* dbeta, long long rows, int D) {
     __shared__ T part_gamma[COLUMN_ROWS][32], part_beta[COLUMN_ROWS][32];
     int j = blockIdx.x * 32 + threadIdx.x;
     T sum_gamma = 0, sum_beta = 0;
     if (j < D) {
-        for (long r = blockIdx.y * (long)COLUMN_ROWS + threadIdx.y; r < rows;
-             r += (long)COLUMN_ROWS * gridDim.y) {
+        for (long long r = blockIdx.y * (long long)COLUMN_ROWS + threadIdx.y; r < rows;
+             r += (long long)COLUMN_ROWS * gridDim.y) {
             T d = dy[r * D + j];
             sum_gamma += d * xhat[r * D + j];
             sum_beta += d;

@@ -2,9 +2,9 @@
 //
 // Added with the residual connection after the Linear (tinyvit.fast.gpu.Block: the MLP's
 // fc2), one thread per value: y = x + m + b, with m the Linear's matmul (rows of D values).
-extern "C" __global__ void add_bias_residual(const T* x, const T* m, const T* b, T* y, long n,
+extern "C" __global__ void add_bias_residual(const T* x, const T* m, const T* b, T* y, long long n,
                                              int D) {
-    for (long i = first_index(); i < n; i += grid_stride()) y[i] = x[i] + m[i] + b[i % D];
+    for (long long i = first_index(); i < n; i += grid_stride()) y[i] = x[i] + m[i] + b[i % D];
 }
 
 // The bias gradient: db += the sum of dy (rows x D)
@@ -15,13 +15,13 @@ extern "C" __global__ void add_bias_residual(const T* x, const T* m, const T* b,
 // (so the order of the additions, and the last bits, vary run to run).
 #define COLUMN_ROWS 8
 
-extern "C" __global__ void bias_grad(const T* dy, T* db, long rows, int D) {
+extern "C" __global__ void bias_grad(const T* dy, T* db, long long rows, int D) {
     __shared__ T part[COLUMN_ROWS][32];
     int j = blockIdx.x * 32 + threadIdx.x;
     T sum = 0;
     if (j < D)
-        for (long r = blockIdx.y * (long)COLUMN_ROWS + threadIdx.y; r < rows;
-             r += (long)COLUMN_ROWS * gridDim.y)
+        for (long long r = blockIdx.y * (long long)COLUMN_ROWS + threadIdx.y; r < rows;
+             r += (long long)COLUMN_ROWS * gridDim.y)
             sum += dy[r * D + j];
     part[threadIdx.y][threadIdx.x] = sum;
     __syncthreads();

@@ -4,8 +4,8 @@
 //                            exp overflows
 //     dS = scale A (dA - sum(dA A))   the softmax's backward times the scale: the gradient
 //                                     of the unscaled scores S = q k^T
-extern "C" __global__ void softmax_forward(const T* S, T* A, long rows, int N, T scale) {
-    long row = warp_row();
+extern "C" __global__ void softmax_forward(const T* S, T* A, long long rows, int N, T scale) {
+    long long row = warp_row();
     if (row >= rows) return;
     const T* s = S + row * N;
     T* a = A + row * N;
@@ -22,9 +22,9 @@ extern "C" __global__ void softmax_forward(const T* S, T* A, long rows, int N, T
     for (int j = lane(); j < N; j += 32) a[j] *= inverse;
 }
 
-extern "C" __global__ void softmax_backward(const T* A, const T* dA, T* dS, long rows, int N,
+extern "C" __global__ void softmax_backward(const T* A, const T* dA, T* dS, long long rows, int N,
                                             T scale) {
-    long row = warp_row();
+    long long row = warp_row();
     if (row >= rows) return;
     const T* a = A + row * N;
     const T* da = dA + row * N;
