@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -218,6 +219,24 @@ def test_a_class_without_a_backward_of_its_own_is_a_blank():
         "exercise 1 (Linear): MyLinear has no backward of its own: it inherits Linear.backward "
         "from tinyvit; write MyLinear.backward (spelled so) between the markers of "
         "ex01_linear.py\n")
+
+
+def test_a_gradient_that_is_not_an_array_of_the_backend_is_named():
+    """On CuPy, a dx computed with NumPy would reach the comparisons and fail there with
+    CuPy's own TypeError; here, something array-like of the right shape stands for it."""
+    class MyLinear(Linear):
+        def backward(self, dout):
+            Linear.backward(self, dout)
+            return SimpleNamespace(shape=self.last_input_shape)
+
+        def forward(self, x):
+            self.last_input_shape = x.shape
+            return super().forward(x)
+
+    with pytest.raises(ExerciseFailed) as failed:
+        check(MyLinear)
+    assert "the input's gradient is a types.SimpleNamespace, not an array of the active " \
+        "backend (numpy): compute it with xp (tinyvit.backend.xp), not numpy" in str(failed.value)
 
 
 def test_the_command_says_what_is_wrong_in_one_line(tmp_path, capsys):

@@ -69,7 +69,7 @@ class Batches:
                 f"and std {len(std)}"
             )
         if num_classes is not None and len(labels):
-            check_label_range(np.asarray(labels), num_classes, "")  # on the host, once
+            check_label_range(labels, num_classes, "")  # once, where the labels are
         self.images = to_device(images)  # (N, C, H, W) uint8
         self.labels = to_device(labels, dtype=xp.int64)  # (N,)
         self.batch_size, self.shuffle, self.drop_last = batch_size, shuffle, drop_last

@@ -26,7 +26,15 @@ from pathlib import Path
 
 import numpy as np  # the comparisons and the shape watch work on host arrays
 
-from ..backend import cupy_available, default_dtype, on_cpu, to_host, using_backend
+from ..backend import (
+    cupy_available,
+    default_dtype,
+    get_backend,
+    is_array,
+    on_cpu,
+    to_host,
+    using_backend,
+)
 from ..backend import rng as device_rng
 from ..gradcheck import gradient_check
 from ..gradcheck.check import compare, doubled
@@ -157,6 +165,11 @@ def _backward(ex, module, inputs, before_forward, dout, where):
         shape = getattr(value, "shape", None)
         if shape != shapes[name]:
             raise ExerciseFailed(_paragraph(ex, where, _wrong_shape(name, shape, shapes[name])))
+        if not is_array(value):
+            raise ExerciseFailed(_paragraph(
+                ex, where, f"{_tensor(name)} is a {type(value).__module__}."
+                f"{type(value).__name__}, not an array of the active backend "
+                f"({get_backend()}): compute it with xp (tinyvit.backend.xp), not numpy"))
     return {name: value.copy() for name, value in computed.items()}
 
 
