@@ -330,9 +330,11 @@ def test_the_binding_names_a_failed_call_and_follows_cupy_tf32(fake_cublas, monk
     with pytest.raises(RuntimeError, match="cuBLAS gemmStridedBatched failed with status 7"):
         cublas.gemm(False, False, 2, 2, 2, 1.0, a, 1, 0, a, 2, 0, 0.0, a, 2, 0, 1)  # lda < m
     assert fake_cublas.fake_math_mode() == cublas.DEFAULT_MATH
-    monkeypatch.setenv("CUPY_TF32", "1")
-    cublas.Handle(fake_cublas)
-    assert fake_cublas.fake_math_mode() == cublas.TF32_MATH
+    for value, mode in [("1", cublas.TF32_MATH), ("2", cublas.TF32_MATH),
+                        ("0", cublas.DEFAULT_MATH)]:
+        monkeypatch.setenv("CUPY_TF32", value)
+        cublas.Handle(fake_cublas)
+        assert fake_cublas.fake_math_mode() == mode, value
 
 
 def test_layernorm_names_an_input_it_cannot_read(mirrored):

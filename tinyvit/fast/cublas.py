@@ -128,7 +128,7 @@ class Handle:
     def __init__(self, lib):
         self.lib, self.handle, self.stream = lib, ctypes.c_void_p(), None
         check(lib.cublasCreate_v2(ctypes.byref(self.handle)), "Create")
-        tf32 = os.environ.get("CUPY_TF32", "0") == "1"  # as CuPy's own float32 matmuls
+        tf32 = int(os.environ.get("CUPY_TF32", "0")) > 0  # read as CuPy reads it for its matmuls
         check(lib.cublasSetMathMode(self.handle, TF32_MATH if tf32 else DEFAULT_MATH),
               "SetMathMode")
         self.workspace = unpooled_bytes(WORKSPACE_BYTES)  # lives as long as the handle
