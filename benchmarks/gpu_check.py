@@ -17,8 +17,10 @@ and where there is no GPU, the same path on NumPy at tiny sizes (CI runs it):
 
 The phases, each a child process, in this order (``--phases`` picks some):
 
-    environment     the GPU, its driver, CUDA, CuPy, NumPy, PyTorch, the processor, and
-                    the cuBLAS library tinyvit's binding found (one product against CuPy's)
+    environment     the GPU, its driver, CUDA, CuPy, NumPy, PyTorch, the processor, the
+                    cuBLAS library tinyvit's binding found (one product against CuPy's),
+                    and a CUDA graph captured and replayed (against its calls run as
+                    they are)
     fast-tests      python -m pytest -q tests/test_fast.py: each fast kernel against its
                     reference layer, on NumPy and CuPy
     benchmark-128   benchmarks/benchmark.py --gpu --configs A,B,C --batch 128 --tiers
@@ -40,10 +42,11 @@ is skipped, with its reason. ``cifar10`` takes all that is left (train_mnist.py 
 its epochs after the first so that the run ends in time). A failed phase does not stop
 the ones after it, with one exception: where the environment phase finds that tinyvit's
 cuBLAS binding fails on the GPU (or multiplies wrong), every later phase, all of which run
-the GPU tier's matmuls through it, is skipped with that reason. ``--dry-run`` runs the
-same phases at tiny sizes on NumPy: the GPU tests collected and skipped,
-tests/test_fast.py on NumPy, ``benchmark.py --quick`` at batches 8 and 64, and one epoch
-of MNIST on 512 images from ``--data-dir``.
+the GPU tier's matmuls through it, is skipped with that reason; where it finds that
+capturing a CUDA graph fails, the benchmark and launch phases leave the graph tier out.
+``--dry-run`` runs the same phases at tiny sizes on NumPy: the GPU tests collected and
+skipped, tests/test_fast.py on NumPy, ``benchmark.py --quick`` at batches 8 and 64, and
+one epoch of MNIST on 512 images from ``--data-dir``.
 
 What it writes in OUT: ``summary.json`` (rewritten after each phase: the date, the
 machine, and per phase its command, status ok, failed or skipped with the reason,
@@ -167,8 +170,15 @@ PYTEST_SECONDS = re.compile(r" in ([\d.]+)s\b")
 
 
 def launches_command(args, timeout):
-    return Command(["python", "benchmarks/launches.py", "--json", str(args.out / "launches.json")]
+    return Command(["python", "benchmarks/launches.py", "--json", str(args.out / "launches.json"),
+                    "--tiers", ",".join(tiers(args, ("reference", "fast", "graph")))]
                    + (["--dry-run"] if args.dry_run else []))
+
+
+def tiers(args, wanted):
+    """The tiers of ``wanted`` that this GPU runs: all, or all but the graph tier where
+    the environment phase found that capturing a CUDA graph fails."""
+    return [t for t in wanted if t != "graph" or not args.graph_problem]
 
 
 def launches_figures(args, log):
@@ -200,7 +210,8 @@ def benchmark(batch):
     def command(args, timeout):
         sizes = (["--quick", "--batch", str(batch // DRY_BATCH_DIVISOR)] if args.dry_run
                  else ["--gpu", "--configs", "A,B,C", "--batch", str(batch)])
-        return Command(["python", "benchmarks/benchmark.py", *sizes, "--tiers", "fast,graph",
+        return Command(["python", "benchmarks/benchmark.py", *sizes, "--tiers",
+                        ",".join(tiers(args, ("fast", "graph"))),
                         "--json", str(args.out / f"{name}.json")],
                        dict.fromkeys(UNSET_FOR_BENCHMARK))
 
@@ -400,12 +411,29 @@ def run_logged(command, log, timeout):
                 out.write(f"\ngpu_check.py: killed it after {time.monotonic() - start:.0f} s\n")
 
 
+def graph_problem(records):
+    """Why CUDA graphs cannot be timed, from the environment phase's figures: capturing
+    failed, or a replay computed something else; else None."""
+    found = environment_found(records)
+    if "graph_error" in found:
+        return f"capturing a CUDA graph failed: {found['graph_error']} (environment.json)"
+    if found.get("graph_difference", 0.0) > CUBLAS_AGREES:
+        return (f"a replayed CUDA graph differs from its calls by "
+                f"{found['graph_difference']:.1e} (environment.json)")
+    return None
+
+
+def environment_found(records):
+    """The environment phase's figures among ``records`` ({} before it ran)."""
+    return next((r["figures"] for r in records if r["name"] == "environment" and r["figures"]),
+                {})
+
+
 def cublas_problem(records):
     """Why the GPU tier cannot run, from the environment phase's figures: tinyvit's
     cuBLAS binding, which all its matmuls go through, failed or multiplied wrong; else
     None. The phases after it would spend their minutes failing."""
-    found = next((r["figures"] for r in records if r["name"] == "environment" and r["figures"]),
-                 {})
+    found = environment_found(records)
     if "cublas_error" in found:
         return f"tinyvit's cuBLAS binding failed: {found['cublas_error']} (environment.json)"
     if found.get("cublas_matmul_difference", 0.0) > CUBLAS_AGREES:
@@ -416,8 +444,7 @@ def cublas_problem(records):
 
 def machine_fields(records):
     """The host, and the GPU and processor that the environment phase found."""
-    found = next((r["figures"] for r in records if r["name"] == "environment" and r["figures"]),
-                 {})
+    found = environment_found(records)
     return {"host": platform.node(), "platform": platform.platform(),
             "gpu": found.get("gpu"), "processor": found.get("processor")}
 
@@ -433,6 +460,7 @@ def check(args, argv):
                "dry_run": args.dry_run, "budget_s": args.budget, "spent_s": 0.0,
                "machine": machine_fields([]), "phases": []}
     for phase in (p for p in PHASES if p.name in args.phases):
+        args.graph_problem = graph_problem(summary["phases"])
         record = run_phase(phase, args, args.budget - (time.monotonic() - start),
                            cublas_problem(summary["phases"]))
         summary["phases"].append(record)
@@ -500,7 +528,8 @@ def gpu_fields():
     return {**fields, "gpu": properties["name"].decode(),
             "gpu_memory_gib": round(properties["totalGlobalMem"] / 2**30, 1),
             "cuda_driver": cuda_version(runtime.driverGetVersion()),
-            "cuda_runtime": cuda_version(runtime.runtimeGetVersion()), **cublas_fields(cupy)}
+            "cuda_runtime": cuda_version(runtime.runtimeGetVersion()), **cublas_fields(cupy),
+            **graph_fields(cupy)}
 
 
 def cublas_fields(cupy):
@@ -519,6 +548,27 @@ def cublas_fields(cupy):
                     "cublas_matmul_difference": difference}
     except Exception as error:  # recorded, so that the run shows it first
         return {"cublas_error": f"{type(error).__name__}: {error}"}
+
+
+def graph_fields(cupy):
+    """tinyvit's CUDA graphs (tinyvit/fast/graphs.py) on this GPU: a cuBLAS product and
+    an elementwise kernel captured, then replayed, against the same calls run as they
+    are (the largest difference), or the error that stopped the capture."""
+    from tinyvit import backend
+    from tinyvit.fast import cublas
+    from tinyvit.fast.graphs import WARMUP, Captured
+
+    try:
+        with backend.using_backend("cupy"):
+            step = Captured(lambda a, b: (cublas.matmul(a, b) * 2 + 1,))
+            a = cupy.arange(12, dtype=cupy.float32).reshape(3, 4) / 7
+            for k in range(WARMUP + 2):  # run as they are, captured, then replayed
+                b = cupy.arange(20, dtype=cupy.float32).reshape(4, 5) / (k + 1)
+                (out,) = step(a, b)
+            return {"graph_captured": step.captured,
+                    "graph_difference": float(abs(out - (a @ b * 2 + 1)).max())}
+    except Exception as error:  # recorded: the benchmark and launch phases then leave it out
+        return {"graph_error": f"{type(error).__name__}: {error}"}
 
 
 def cuda_version(number):
@@ -681,6 +731,7 @@ def parse_args(argv):
                    help="the cifar10 phase's recipe of train_mnist.py (default cifar10-gpu)")
     p.add_argument("--cuda-graph", action="store_true",
                    help="the cifar10 phase trains with its step captured in a CUDA graph")
+    p.set_defaults(graph_problem=None)  # check() sets it from the environment phase's figures
     args = p.parse_args(argv)
     for name in ("budget", "part_mib"):
         if getattr(args, name) <= 0:

@@ -71,14 +71,14 @@ def launches_per_step(step, steps, gpu, names=False):
     return result
 
 
-def measure(config_names, batch, steps, gpu):
+def measure(config_names, batch, steps, gpu, tiers=TIERS):
     """{config: {tier: launches per training step}, and the fast tier's per inference
     forward ("fast-infer"), with its kernels' names."""
     result = {}
     for name in config_names:
         images, labels = make_batch(CONFIGS[name], batch)
         result[name] = {}
-        for tier in TIERS:
+        for tier in tiers:
             runner = TinyvitRunner(CONFIGS[name], images, labels, tier=tier)
             runner.prepare_training()
             result[name][tier] = launches_per_step(runner.train_step, steps, gpu,
@@ -101,8 +101,13 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=5, help="counted steps per tier")
     p.add_argument("--dry-run", action="store_true", help="NumPy, config A, batch 8: nothing "
                                                           "counted")
+    p.add_argument("--tiers", default=",".join(TIERS),
+                   help=f"comma-separated tiers to count (default {','.join(TIERS)})")
     p.add_argument("--json", metavar="FILE", help="write the counts as JSON")
     args = p.parse_args(argv)
+    tiers = [t.strip() for t in args.tiers.split(",") if t.strip()]
+    if not tiers or set(tiers) - set(TIERS):
+        p.error(f"--tiers: expected names among {', '.join(TIERS)}, got {args.tiers}")
     gpu = not args.dry_run
     if gpu and torch is None:
         p.error("counting needs PyTorch's profiler: install a CUDA build of torch")
@@ -112,7 +117,7 @@ def main(argv=None):
     if unknown:
         p.error(f"--configs: expected names of {sorted(CONFIGS)}, got {unknown}")
     result = {"batch": batch, "steps": args.steps, "backend": backend.get_backend(),
-              "configs": measure(configs, batch, args.steps, gpu)}
+              "configs": measure(configs, batch, args.steps, gpu, tiers)}
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
 

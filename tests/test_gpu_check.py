@@ -125,7 +125,8 @@ def test_the_gpu_run_gives_the_documented_commands(gpu_check, tmp_path):
         "environment": f"python benchmarks/gpu_check.py --environment {out}/environment.json",
         "gpu-tests": "python -m pytest -q -m gpu" + XDIST,
         "fast-tests": "python -m pytest -q tests/test_fast.py",
-        "launches": f"python benchmarks/launches.py --json {out}/launches.json",
+        "launches": f"python benchmarks/launches.py --json {out}/launches.json --tiers "
+                    "reference,fast,graph",
         "benchmark-128": f"{unset} python benchmarks/benchmark.py --gpu --configs A,B,C "
                          f"--batch 128 --tiers fast,graph --json {out}/benchmark-128.json",
         "benchmark-1024": f"{unset} python benchmarks/benchmark.py --gpu --configs A,B,C "
@@ -141,6 +142,15 @@ def test_the_gpu_run_gives_the_documented_commands(gpu_check, tmp_path):
     train_mnist = load_script(ROOT / "train_mnist.py")
     config = train_mnist.make_config(train_mnist.parse_args(commands["cifar10"].argv[2:])[0])
     assert (config.dataset, config.backend, config.budget) == ("cifar10", "cupy", 7.8)
+    launches = load_script(ROOT / "benchmarks" / "launches.py")
+    assert launches.TIERS == ("reference", "fast", "graph")
+    # where the environment phase found that capturing a CUDA graph fails: no graph tier
+    args.graph_problem = "capturing a CUDA graph failed: ..."
+    assert commands["benchmark-128"].argv[commands["benchmark-128"].argv.index("--tiers") + 1] \
+        == "fast,graph"
+    for command, tiers in [(gpu_check.benchmark(128)[0](args, 500), "fast"),
+                           (gpu_check.launches_command(args, 500), "reference,fast")]:
+        assert command.argv[command.argv.index("--tiers") + 1] == tiers
     # another recipe, with the step captured in a CUDA graph
     args = gpu_check.parse_args(["--out", str(out), "--data-dir", str(data), "--recipe",
                                  "cifar10-hybrid-gpu", "--cuda-graph"])
@@ -245,6 +255,19 @@ def test_a_failed_cublas_binding_skips_the_phases_after_the_environment(gpu_chec
     assert [(r["name"], r["status"], r["reason"]) for r in records] == [
         ("environment", "ok", None), ("fast-tests", "skipped", reason)]
     assert not ran.exists()
+
+
+@pytest.mark.parametrize("found, problem", [
+    ({"graph_captured": 1, "graph_difference": 0.0}, None),
+    ({"graph_error": "CUDARuntimeError: cudaErrorStreamCaptureUnsupported"},
+     "capturing a CUDA graph failed: CUDARuntimeError: cudaErrorStreamCaptureUnsupported "
+     "(environment.json)"),
+    ({"graph_captured": 1, "graph_difference": 3.0},
+     "a replayed CUDA graph differs from its calls by 3.0e+00 (environment.json)")])
+def test_the_graph_tier_is_left_out_where_capture_fails(gpu_check, found, problem):
+    records = [{"name": "environment", "figures": found}]
+    assert gpu_check.graph_problem(records) == problem
+    assert gpu_check.graph_problem([]) is None  # before the environment phase
 
 
 def test_pytest_figures_are_read_from_its_summary_line(gpu_check, tmp_path):
