@@ -99,7 +99,7 @@ THRESHOLDS = (0.85, 0.88, 0.90)  # test accuracies whose first elapsed seconds a
 DRY_BATCH_DIVISOR = 16  # the dry run's benchmark batches: 128 / 16 and 1024 / 16
 PART_MIB = 59  # CIFAR-10's parts: two 30.7 MB batch files each, under a 64 MiB copy
 XDIST_WORKERS = 8  # the gpu tests' processes, which share the GPU
-CUBLAS_AGREES = 0.1  # environment's product (entries up to 45): rounding, TF32's too, is less
+PRODUCTS_AGREE = 0.1  # the environment's checks (entries up to 250): rounding, TF32's too, is less
 UNSET_FOR_BENCHMARK = ("CUPY_TF32", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 
 
@@ -417,7 +417,7 @@ def graph_problem(records):
     found = environment_found(records)
     if "graph_error" in found:
         return f"capturing a CUDA graph failed: {found['graph_error']} (environment.json)"
-    if found.get("graph_difference", 0.0) > CUBLAS_AGREES:
+    if found.get("graph_difference", 0.0) > PRODUCTS_AGREE:
         return (f"a replayed CUDA graph differs from its calls by "
                 f"{found['graph_difference']:.1e} (environment.json)")
     return None
@@ -436,7 +436,7 @@ def cublas_problem(records):
     found = environment_found(records)
     if "cublas_error" in found:
         return f"tinyvit's cuBLAS binding failed: {found['cublas_error']} (environment.json)"
-    if found.get("cublas_matmul_difference", 0.0) > CUBLAS_AGREES:
+    if found.get("cublas_matmul_difference", 0.0) > PRODUCTS_AGREE:
         return (f"tinyvit's cuBLAS binding's product differs from CuPy's by "
                 f"{found['cublas_matmul_difference']:.1e} (environment.json)")
     return None
