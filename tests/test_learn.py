@@ -175,6 +175,12 @@ PLANTED = {  # exercise: (the library's line, the learner's mistake, what the fa
         "cross_entropy", ("return (xp.exp(log_probs) - t) * (dout / log_probs.shape[0])",
                           "return (xp.exp(log_probs) - t) * dout"),
         "the 1/4 of the mean is missing"),
+    "Patchify's grid of patches read as (gw, gh)": (
+        "patchify", ("dx = dout.reshape(B, gh, gw, C, P, P)",
+                     "dx = dout.reshape(B, gw, gh, C, P, P)"),
+        "case 2 of 3, input (1, 3, 8, 12): the input's gradient differs from the library's",
+        "computed holds the expected values in other places: entries moved wrong (a reshape or "
+        "transpose in the wrong order, two axes swapped)"),
     "the class token's gradient dropped": (
         "vit", ("self.cls_token.grad += dx[:, :1].sum(axis=0, keepdims=True)", "pass"),
         "cls_token's gradient differs from the library's", "computed is zero everywhere: this "

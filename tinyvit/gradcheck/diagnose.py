@@ -8,7 +8,8 @@ its check, ``diagnose`` compares the computed gradient with the expected one
   never added), -1 (a sign), 1/M (a sum over M rows taken as their mean), a loss's
   B (its mean over the batch taken as a sum), another integer (added that many
   times), sqrt(Dh) or 1/sqrt(Dh) (attention's scale missing or applied twice);
-- the expected gradient transposed (an (in, out) weight gradient for (out, in));
+- the expected gradient transposed (an (in, out) weight gradient for (out, in)), or its
+  values in other places (entries moved by a wrong reshape or transpose);
 - the upstream gradient ``dout`` passed on as it came (a mask or a branch forgotten);
 - where the error sits: the q, k or v rows of a fused qkv projection and which heads,
   or whole rows or whole columns of a weight;
@@ -75,7 +76,7 @@ def diagnose(check, computed, expected, context, tol):
 
 
 def _overall(name, computed, expected, context):
-    """Zero, a constant ratio, the transpose, or dout as it came."""
+    """Zero, a constant ratio, the transpose, entries moved, or dout as it came."""
     if not computed.any():
         return ["computed is zero everywhere: this gradient is never added"]
     ratio = constant_ratio(computed, expected)
@@ -86,6 +87,9 @@ def _overall(name, computed, expected, context):
                                                                                expected.T):
         return ["computed is the expected gradient transposed: an (in, out) matrix where "
                 "(out, in) is meant (dW = dy^T x, not x^T dy)"]
+    if _same(np.sort(computed, axis=None), np.sort(expected, axis=None)):
+        return ["computed holds the expected values in other places: entries moved wrong (a "
+                "reshape or transpose in the wrong order, two axes swapped)"]
     if name == "input" and _same(computed, to_host(context.dout)):
         return ["computed is dout as it came: the backward passes the upstream gradient on "
                 f"unchanged{_passed_on_hint(context.module)}"]
