@@ -14,10 +14,10 @@ import pytest
 
 from conftest import randn
 from tinyvit import backend as B
-from tinyvit.learn import ExerciseFailed, check, check_training
+from tinyvit.learn import ExerciseFailed, check, check_training, exercises
 from tinyvit.learn import __main__ as command
 from tinyvit.learn.checking import NotWritten, Progress, load_exercise
-from tinyvit.learn.exercises import EXERCISES, TRAINING, by_name
+from tinyvit.learn.exercises import BACKPROP, EXERCISES, TRAINING, by_name
 from tinyvit.learn.steps import LayerNormSteps, softmax_jacobian_backward
 from tinyvit.learn.training import _learners_classes
 from tinyvit.learn.workbook import fill
@@ -243,6 +243,14 @@ def test_a_gradient_that_is_not_an_array_of_the_backend_is_named():
         check(MyLinear)
     assert "the input's gradient is a types.SimpleNamespace, not an array of the active " \
         "backend (numpy): compute it with xp (tinyvit.backend.xp), not numpy" in str(failed.value)
+
+
+def test_the_derivations_are_named_by_their_path_in_a_checkout(workbook, monkeypatch):
+    assert BACKPROP.is_file()
+    assert f"The derivations: {BACKPROP},\n" in (workbook / "README.md").read_text()
+    assert f"The derivation: {BACKPROP}#linear." in (workbook / "ex01_linear.py").read_text()
+    monkeypatch.setattr(exercises, "BACKPROP", BACKPROP.with_name("absent.md"))  # an install
+    assert exercises.derivation("Linear") == "docs/backprop.md#linear in tinyvit's repository"
 
 
 def test_the_command_says_what_is_wrong_in_one_line(tmp_path, capsys):

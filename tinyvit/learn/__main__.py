@@ -14,9 +14,8 @@ import json
 import sys
 from pathlib import Path
 
-from ..gradcheck.report import anchor
 from .checking import MARKER, ExerciseFailed, Progress, load_exercise
-from .exercises import EXERCISES, TRAINING, by_number
+from .exercises import EXERCISES, TRAINING, by_number, derivation
 from .workbook import TRAINING_FILE, solution, start
 
 HINTS = ".learn-hints.json"  # the hint levels shown so far, per exercise
@@ -105,7 +104,7 @@ def hint(folder, number):
     the section of docs/backprop.md; each call shows one more."""
     ex = _exercise(number)
     levels = (f"the shapes: {ex.hints[0]}", f"the chain rule: {ex.hints[1]}",
-              f"the derivation: docs/backprop.md#{anchor(ex.section)}")
+              f"the derivation: {derivation(ex.section)}")
     path = folder / HINTS
     shown = json.loads(path.read_text()) if path.is_file() else {}
     level = min(shown.get(str(number), 0) + 1, len(levels))

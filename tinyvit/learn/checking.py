@@ -39,8 +39,7 @@ from ..backend import rng as device_rng
 from ..gradcheck import gradient_check
 from ..gradcheck.check import compare, doubled
 from ..gradcheck.diagnose import Context, diagnose
-from ..gradcheck.report import anchor
-from .exercises import EXERCISES, by_name
+from .exercises import EXERCISES, by_name, derivation
 
 TOL = 1e-7  # the gradient check's bar (the library's backward agrees to about 1e-9)
 SAME = 1e-10  # yours and the library's agree to this, relative: rounding, in float64
@@ -328,7 +327,7 @@ INVARIANTS = {
 def _paragraph(ex, where, what, details=()):
     lines = [f"{where}: {what}"]
     lines += [f"    {d}" for d in details]
-    lines.append(f"The derivation: docs/backprop.md#{anchor(ex.section)}; a hint: "
+    lines.append(f"The derivation: {derivation(ex.section)}; a hint: "
                  f"python -m tinyvit.learn hint {ex.number}")
     return "\n".join(lines)
 

@@ -8,9 +8,11 @@ Dh head dim, Q query rows, M rows, K classes, C channels, F filters.
 """
 
 import dataclasses
+from pathlib import Path
 
 from ..backend import host_rng, xp
 from ..gradcheck import jitter, randn, seeded_dropout
+from ..gradcheck.report import anchor
 from ..models import ViT
 from ..nn import conv, functional, layers
 from ..nn.loss import SoftmaxCrossEntropy
@@ -18,6 +20,15 @@ from . import harness
 from .steps import LayerNormSteps, softmax_jacobian_backward
 
 TRACKS = {"vit": "the Vision Transformer", "stem": "the hybrid's convolutional stem"}
+BACKPROP = Path(__file__).resolve().parents[2] / "docs" / "backprop.md"  # in a checkout
+
+
+def derivation(section):
+    """Where ``section`` of docs/backprop.md is: the page in this checkout of tinyvit, by
+    its path, or the page in tinyvit's repository where tinyvit came without it."""
+    if BACKPROP.is_file():
+        return f"{BACKPROP}#{anchor(section)}"
+    return f"docs/backprop.md#{anchor(section)} in tinyvit's repository"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,7 +11,7 @@ import textwrap
 from pathlib import Path
 
 from .checking import MARKER, PROGRESS
-from .exercises import EXERCISES, STEPS, TRACKS, TRAINING
+from .exercises import BACKPROP, EXERCISES, STEPS, TRACKS, TRAINING, derivation
 
 BEGIN, END = "# ---- your {what} ----", "# ---- end of your {what} ----"
 PYTEST_INI = "[pytest]\npython_files = ex*.py\naddopts = -p no:cacheprovider --tb=short\n"
@@ -122,7 +122,7 @@ def _how(ex):
             f"run `python -m pytest {ex.filename}` in this folder (or `python -m tinyvit.learn "
             f"check {ex.number}`). Stuck: `python -m tinyvit.learn hint {ex.number}`; after an "
             f"attempt that ran, `python -m tinyvit.learn solution {ex.number}` prints tinyvit's "
-            f"own. The derivation: docs/backprop.md, \"{ex.section}\".")
+            f"own. The derivation: {derivation(ex.section)}.")
 
 
 def solution(ex):
@@ -184,7 +184,8 @@ or a term missing, a transpose, a sign, a broken invariant) and which section of
 docs/backprop.md derives it. From a notebook, `from tinyvit.learn import check` and
 `check(MyLinear)` do the same.
 
-The derivations: docs/backprop.md in the tinyvit repository, one section per layer.
+The derivations: {BACKPROP if BACKPROP.is_file() else "docs/backprop.md in tinyvit's repository"},
+one section per layer.
 
 | # | file | exercise | track |
 |---|---|---|---|
