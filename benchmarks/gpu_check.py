@@ -412,15 +412,27 @@ def run_logged(command, log, timeout):
                 out.write(f"\ngpu_check.py: killed it after {time.monotonic() - start:.0f} s\n")
 
 
-def graph_problem(records):
-    """Why CUDA graphs cannot be timed, from the environment phase's figures: capturing
-    failed, or a replay computed something else; else None."""
+# the environment phase's checks, each (what its error means, what its difference means):
+# "cublas", tinyvit's cuBLAS binding, which all the GPU tier's matmuls go through (where it
+# fails, the phases after would spend their minutes failing); "graph", a CUDA graph's capture
+# and replay (where it fails, the graph tier cannot be timed)
+CHECKS = {"cublas": ("tinyvit's cuBLAS binding failed",
+                     "tinyvit's cuBLAS binding's product differs from CuPy's by {:.1e} of its "
+                     "largest entry"),
+          "graph": ("capturing a CUDA graph failed",
+                    "a replayed CUDA graph differs from its calls by {:.1e} of their largest "
+                    "value")}
+
+
+def environment_problem(records, check):
+    """Why the environment phase's ``check`` (a key of CHECKS) failed, from its figures
+    among ``records``; None where it passed, or before the phase ran."""
     found = environment_found(records)
-    if "graph_error" in found:
-        return f"capturing a CUDA graph failed: {found['graph_error']} (environment.json)"
-    if found.get("graph_difference", 0.0) > PRODUCTS_AGREE:
-        return (f"a replayed CUDA graph differs from its calls by "
-                f"{found['graph_difference']:.1e} of their largest value (environment.json)")
+    failed, differs = CHECKS[check]
+    if f"{check}_error" in found:
+        return f"{failed}: {found[check + '_error']} (environment.json)"
+    if found.get(f"{check}_difference", 0.0) > PRODUCTS_AGREE:
+        return f"{differs.format(found[check + '_difference'])} (environment.json)"
     return None
 
 
@@ -428,19 +440,6 @@ def environment_found(records):
     """The environment phase's figures among ``records`` ({} before it ran)."""
     return next((r["figures"] for r in records if r["name"] == "environment" and r["figures"]),
                 {})
-
-
-def cublas_problem(records):
-    """Why the GPU tier cannot run, from the environment phase's figures: tinyvit's
-    cuBLAS binding, which all its matmuls go through, failed or multiplied wrong; else
-    None. The phases after it would spend their minutes failing."""
-    found = environment_found(records)
-    if "cublas_error" in found:
-        return f"tinyvit's cuBLAS binding failed: {found['cublas_error']} (environment.json)"
-    if found.get("cublas_matmul_difference", 0.0) > PRODUCTS_AGREE:
-        return (f"tinyvit's cuBLAS binding's product differs from CuPy's by "
-                f"{found['cublas_matmul_difference']:.1e} of its largest entry (environment.json)")
-    return None
 
 
 def machine_fields(records):
@@ -461,9 +460,9 @@ def check(args, argv):
                "dry_run": args.dry_run, "budget_s": args.budget, "spent_s": 0.0,
                "machine": machine_fields([]), "phases": []}
     for phase in (p for p in PHASES if p.name in args.phases):
-        args.graph_problem = graph_problem(summary["phases"])
+        args.graph_problem = environment_problem(summary["phases"], "graph")
         record = run_phase(phase, args, args.budget - (time.monotonic() - start),
-                           cublas_problem(summary["phases"]))
+                           environment_problem(summary["phases"], "cublas"))
         summary["phases"].append(record)
         summary["machine"] = machine_fields(summary["phases"])
         summary["spent_s"] = round(time.monotonic() - start, 1)
@@ -472,7 +471,7 @@ def check(args, argv):
         print_record(record, args.out)
     print(f"wrote {args.out / 'summary.json'}")
     return int(any(r["status"] == "failed" for r in summary["phases"])
-               or cublas_problem(summary["phases"]) is not None)
+               or environment_problem(summary["phases"], "cublas") is not None)
 
 
 def print_record(record, out):
@@ -546,7 +545,7 @@ def cublas_fields(cupy):
             b = cupy.arange(20, dtype=cupy.float32).reshape(4, 5) / 3
             difference = relative_difference(cublas.matmul(a, b), a @ b)
             return {"cublas_library": cublas.current_handle().lib._name,
-                    "cublas_matmul_difference": difference}
+                    "cublas_difference": difference}
     except Exception as error:  # recorded, so that the run shows it first
         return {"cublas_error": f"{type(error).__name__}: {error}"}
 

@@ -237,7 +237,7 @@ def test_phases_run_in_turn_within_the_budget(gpu_check, tmp_path, monkeypatch, 
     ({"cublas_error": "OSError: libcublas.so.13: cannot open shared object file"},
      "tinyvit's cuBLAS binding failed: OSError: libcublas.so.13: cannot open shared object "
      "file (environment.json)"),
-    ({"cublas_library": "libcublas.so.13", "cublas_matmul_difference": 0.75},
+    ({"cublas_library": "libcublas.so.13", "cublas_difference": 0.75},
      "tinyvit's cuBLAS binding's product differs from CuPy's by 7.5e-01 of its largest entry "
      "(environment.json)")])
 def test_a_failed_cublas_binding_skips_the_phases_after_the_environment(gpu_check, tmp_path,
@@ -268,8 +268,8 @@ def test_a_failed_cublas_binding_skips_the_phases_after_the_environment(gpu_chec
      "(environment.json)")])
 def test_the_graph_tier_is_left_out_where_capture_fails(gpu_check, found, problem):
     records = [{"name": "environment", "figures": found}]
-    assert gpu_check.graph_problem(records) == problem
-    assert gpu_check.graph_problem([]) is None  # before the environment phase
+    assert gpu_check.environment_problem(records, "graph") == problem
+    assert gpu_check.environment_problem([], "graph") is None  # before the environment phase
 
 
 def test_pytest_figures_are_read_from_its_summary_line(gpu_check, tmp_path):
