@@ -565,6 +565,8 @@ def graph_fields(cupy):
             for k in range(WARMUP + 2):  # run as they are, captured, then replayed
                 b = cupy.arange(20, dtype=cupy.float32).reshape(4, 5) / (k + 1)
                 (out,) = step(a, b)
+            if step.captured != 1:
+                return {"graph_error": f"expected 1 graph captured, got {step.captured}"}
             return {"graph_captured": step.captured,
                     "graph_difference": relative_difference(out, a @ b * 2 + 1)}
     except Exception as error:  # recorded: the benchmark and launch phases then leave it out
