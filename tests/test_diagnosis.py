@@ -10,6 +10,7 @@ from tinyvit.gradcheck import gradient_check, seeded_dropout
 from tinyvit.models import ViT
 from tinyvit.nn import layers
 from tinyvit.nn.functional import normal_cdf
+from tinyvit.nn.loss import SoftmaxCrossEntropy
 
 pytestmark = pytest.mark.usefixtures("backend")  # each test on NumPy, and on CuPy with a GPU
 
@@ -98,6 +99,35 @@ def test_the_softmax_backward_without_its_row_sum_term(monkeypatch):
         "row, and each row of dS sums to zero) but reaches ")
     assert invariant.endswith(
         ": the softmax backward lacks its row-sum term, dS = A * (dA - sum_j dA_j A_j)")
+
+
+def test_the_key_gradient_without_its_transpose(monkeypatch):
+    def attend_backward(self, dctx):
+        q, k, v, A, Ad = self._take_cache()
+        dA = dctx @ v.transpose(0, 1, 3, 2)
+        dS = A * (dA - (dA * A).sum(axis=-1, keepdims=True))
+        return dS @ k * self.scale, dS @ q * self.scale, Ad.transpose(0, 1, 3, 2) @ dctx  # dS^T
+
+    found = check_attention(monkeypatch, attend_backward)
+    assert found["qkv.weight"] == ["q rows, every head: right", "k rows, every head: wrong",
+                                   "v rows, every head: right"]
+    assert found["qkv.bias"][-1].endswith(
+        ": dq, which uses the same dS, is right, so dS is: dk's own formula is wrong, "
+        "dk = dS^T q scale")
+
+
+def test_a_loss_gradient_whose_rows_do_not_sum_to_zero(monkeypatch):
+    def backward(self, dout=1.0):
+        log_probs, t = self._take_cache()
+        return (B.xp.exp(log_probs) - 0.9 * t) * (dout / log_probs.shape[0])  # t scaled
+
+    monkeypatch.setattr(SoftmaxCrossEntropy, "backward", backward)
+    target = B.to_device(B.host_rng(3).integers(0, 5, 4))
+    found = failures(gradient_check(SoftmaxCrossEntropy(0.1), randn(4, 5), target))
+    assert found["input"][0].startswith(
+        "each row of the logits' gradient must sum to zero (p = softmax(z) and the target t "
+        "each sum to 1; adding a constant to a row of logits changes nothing) but its rows "
+        "sum to up to ")
 
 
 def test_the_scale_missing_in_the_backward(monkeypatch):

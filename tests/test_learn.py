@@ -14,7 +14,7 @@ import pytest
 
 from conftest import randn
 from tinyvit import backend as B
-from tinyvit.learn import ExerciseFailed, check, check_training, exercises
+from tinyvit.learn import ExerciseFailed, check, check_training, checking, exercises
 from tinyvit.learn import __main__ as command
 from tinyvit.learn.checking import NotWritten, Progress, load_exercise
 from tinyvit.learn.exercises import BACKPROP, EXERCISES, TRAINING, by_name
@@ -22,7 +22,7 @@ from tinyvit.learn.steps import LayerNormSteps, softmax_jacobian_backward
 from tinyvit.learn.training import _learners_classes
 from tinyvit.learn.workbook import fill
 from tinyvit.nn.functional import softmax, softmax_backward
-from tinyvit.nn.layers import Attention, LayerNorm, Linear
+from tinyvit.nn.layers import GELU, Attention, LayerNorm, Linear
 
 
 @pytest.fixture
@@ -181,6 +181,37 @@ PLANTED = {  # exercise: (the library's line, the learner's mistake, what the fa
         "case 2 of 3, input (1, 3, 8, 12): the input's gradient differs from the library's",
         "computed holds the expected values in other places: entries moved wrong (a reshape or "
         "transpose in the wrong order, two axes swapped)"),
+    "a sign": (
+        "tanh", ("return dout * (1.0 - y * y)", "return dout * (y * y - 1.0)"),
+        "computed/expected = -1 everywhere: a sign is wrong"),
+    "the key bias's gradient, with the softmax backward's row-sum term missing": (
+        "attention_core", ("dS = softmax_backward(A, dA)", "dS = A * dA"),
+        "the key bias's gradient must be exactly zero, but yours reaches",
+        "the key bias adds the same q.b to every score of a row, and dk = dS^T q scale sums "
+        "each row of dS, which sums to zero", "qkv.bias's gradient: k entries, every head: "
+        "wrong", "yours against the library's:"),
+    "dk computed with dS not transposed": (
+        "attention_core", ("dk = dS.transpose(0, 1, 3, 2) @ q * self.scale",
+                           "dk = dS @ q * self.scale"),
+        "the key bias's gradient must be exactly zero", "qkv.weight's gradient: q rows, every "
+        "head: right", "qkv.weight's gradient: k rows, every head: wrong",
+        "dq, which uses the same dS, is right, so dS is: dk's own formula is wrong"),
+    "the transpose of a gradient that is not a weight's": (
+        "cross_entropy", ("return (xp.exp(log_probs) - t) * (dout / log_probs.shape[0])",
+                          "return ((xp.exp(log_probs) - t) * (dout / log_probs.shape[0])).T"),
+        "the input's gradient must have its array's shape (4, 5), but yours has shape (5, 4), "
+        "the transpose of its shape: a product taken in the wrong order"),
+    "Conv2d's bias averaged instead of summed": (
+        "conv2d", ("self.bias.grad += dy.sum(axis=1)", "self.bias.grad += dy.mean(axis=1)"),
+        "bias's gradient differs from the library's", "computed/expected = 1/"),
+    "BatchNorm2d's backward without the mean(g) term": (
+        "batchnorm", ("return standardize_backward(g, xhat, rstd, (0, 2, 3), "
+                      "self.channel_mean(V))",
+                      "return rstd * (g - xhat * (g * xhat).mean(axis=(0, 2, 3), keepdims=True))"),
+        "the input's gradient over (B, H, W), per channel, must sum to zero"),
+    "col2im's windows written over instead of added": (
+        "col2im", ("+= dwindows[..., i, j, :, :]", "= dwindows[..., i, j, :, :]"),
+        "right at the pixels that one window reads, wrong where windows overlap"),
     "the class token's gradient dropped": (
         "vit", ("self.cls_token.grad += dx[:, :1].sum(axis=0, keepdims=True)", "pass"),
         "cls_token's gradient differs from the library's", "computed is zero everywhere: this "
@@ -227,12 +258,49 @@ def test_a_class_without_a_backward_of_its_own_is_a_blank():
         "ex01_linear.py\n")
 
 
+def test_a_backward_that_hands_its_work_to_the_library_is_refused():
+    class MyLinear(Linear):
+        def backward(self, dout):
+            return super().backward(dout)
+
+    with pytest.raises(ExerciseFailed) as failed:
+        check(MyLinear)
+    assert str(failed.value).startswith(
+        "exercise 1 (Linear), case 1 of 3, input (3, 7): MyLinear.backward calls tinyvit's own "
+        "Linear.backward (as super().backward(...) or Linear.backward(self, ...)), which would "
+        "pass without a line of yours: compute the gradients yourself\n")
+    layer = Linear(3, 2)  # the library's own backward is back after the check
+    layer.forward(randn(4, 3))
+    assert layer.backward(randn(4, 2)).shape == (4, 3)
+
+
+def test_every_exercise_is_found_by_its_class_name_alone():
+    for ex in EXERCISES:
+        if not ex.is_function:
+            assert checking._exercise(type(ex.yours, (ex.reference,), {}), None) is ex
+    with pytest.raises(ValueError, match='name it, as check\\(MyGELUs, "gelu"\\) or '
+                                         'check\\(MyGELUs, "gelu_tanh"\\)'):
+        checking._exercise(type("MyGELUs", (GELU,), {}), None)
+
+
+def test_no_link_or_shape_is_broken_across_lines(workbook):
+    for ex in EXERCISES:
+        text = (workbook / ex.filename).read_text()
+        assert f"{exercises.derivation(ex.section)}." in text, ex.filename  # whole, on one line
+        for line in text.splitlines():
+            assert line.count("(") == line.count(")") or line.lstrip().startswith(
+                ("#     ", '"""')), f"{ex.filename}: {line}"
+
+
 def test_a_gradient_that_is_not_an_array_of_the_backend_is_named():
     """On CuPy, a dx computed with NumPy would reach the comparisons and fail there with
     CuPy's own TypeError; here, something array-like of the right shape stands for it."""
     class MyLinear(Linear):
         def backward(self, dout):
-            Linear.backward(self, dout)
+            x2 = self._take_cache()
+            dout2 = dout.reshape(-1, self.out_features)
+            self.weight.grad += dout2.T @ x2
+            self.bias.grad += dout2.sum(axis=0)
             return SimpleNamespace(shape=self.last_input_shape)
 
         def forward(self, x):

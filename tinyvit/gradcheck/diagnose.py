@@ -14,7 +14,8 @@ its check, ``diagnose`` compares the computed gradient with the expected one
 - where the error sits: the q, k or v rows of a fused qkv projection and which heads,
   or whole rows or whole columns of a weight;
 - an invariant of the derivation broken (LayerNorm's input gradient sums to zero
-  over the features; the key bias's gradient is exactly zero);
+  over the features; each row of softmax cross-entropy's logit gradient sums to zero;
+  the key bias's gradient is exactly zero);
 - a term of the derivation missing (GELU's x phi(x), LayerNorm's mean(g));
 - a gradient assigned instead of accumulated (a second backward left it as it was).
 
@@ -36,6 +37,7 @@ CLOSE = 1e-6  # two gradients are the same when they differ by this, relative to
 MEANINGFUL = 1e-2  # entries below this share of the largest are left out of ratios
 MOST_LISTED = 6  # rows, columns or heads named one by one at most
 
+NO_PATTERN = "no simple pattern: compare it with its derivation line by line"
 ASSIGNED = ("assigned, not accumulated: a second backward without zero_grad left it as it "
             "was instead of doubling it; gradients add up (+=), so that residual branches "
             "and shared layers sum")
@@ -69,7 +71,7 @@ def diagnose(check, computed, expected, context, tol):
     findings += _overall(check.name, computed, expected, context)
     findings += _where(check.name, computed, expected, context, tol)
     findings += _layer(check.name, computed, expected, context)
-    return findings or ["no simple pattern: compare it with its derivation line by line"]
+    return findings or [NO_PATTERN]
 
 
 # -- the whole tensor -------------------------------------------------------------------
@@ -198,7 +200,8 @@ def _qkv_parts(name, computed, expected, attention, tol):
         findings.append(f"{part} {'rows' if computed.ndim == 2 else 'entries'}, "
                         f"{_by_head(verdicts)}")
     if name.endswith("qkv.bias"):
-        findings += _key_bias_is_zero(computed[NH * Dh:2 * NH * Dh], expected)
+        q_right = findings[0] == "q entries, every head: right"
+        findings += _key_bias_is_zero(computed[NH * Dh:2 * NH * Dh], expected, q_right)
     return findings
 
 
@@ -222,15 +225,19 @@ def _by_head(verdicts):
     return "; ".join(f"head {h}: {v}" for h, v in enumerate(verdicts))
 
 
-def _key_bias_is_zero(key_bias, expected):
+def _key_bias_is_zero(key_bias, expected, q_right):
     """The key bias adds the same q . b_k to every score of a row, and each row of
-    the softmax's input gradient dS sums to zero, so its gradient is exactly zero."""
+    the softmax's input gradient dS sums to zero, so its gradient is exactly zero.
+    With the query's gradient right, dS = dq / (k scale) is right too, and the
+    mistake is in dk's own formula."""
     size = np.abs(key_bias).max()
     if size <= CLOSE * max(np.abs(expected).max(), 1e-300):
         return []
+    cause = ("dq, which uses the same dS, is right, so dS is: dk's own formula is wrong, "
+             "dk = dS^T q scale" if q_right else
+             "the softmax backward lacks its row-sum term, dS = A * (dA - sum_j dA_j A_j)")
     return [f"the key bias's gradient must be exactly zero (it adds the same q.b to every score "
-            f"of a row, and each row of dS sums to zero) but reaches {size:.3g}: the softmax "
-            "backward lacks its row-sum term, dS = A * (dA - sum_j dA_j A_j)"]
+            f"of a row, and each row of dS sums to zero) but reaches {size:.3g}: {cause}"]
 
 
 def _rows_and_columns(computed, expected, tol):
@@ -262,7 +269,20 @@ def _layer(name, computed, expected, context):
         return _layernorm(computed, expected, x, dout, module.weight.data, module.eps)
     if isinstance(module, layers.GELU) and module.approximate == "none":
         return _gelu(computed, expected, x, dout)
+    if isinstance(module, SoftmaxCrossEntropy):
+        return _rows_sum_to_zero(computed)
     return []
+
+
+def _rows_sum_to_zero(computed):
+    """Softmax cross-entropy's invariant: dlogits = (p - t) / B, and p and t each sum to
+    1 over the classes, so every row of the logits' gradient sums to zero."""
+    sums = np.abs(computed.sum(axis=-1)).max()
+    if sums <= CLOSE * np.abs(computed).max() * computed.shape[-1]:
+        return []
+    return [f"each row of the logits' gradient must sum to zero (p = softmax(z) and the target "
+            f"t each sum to 1; adding a constant to a row of logits changes nothing) but its "
+            f"rows sum to up to {sums:.3g}"]
 
 
 def _layernorm(computed, expected, x, dout, gamma, eps):

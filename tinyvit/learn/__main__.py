@@ -51,7 +51,7 @@ def main(argv=None):
             return 0
         _require_workbook(folder)
         return COMMANDS[args.command](folder, getattr(args, "number", None))
-    except (FileExistsError, LookupError, ValueError) as error:
+    except (FileExistsError, FileNotFoundError, LookupError, ValueError) as error:
         print(f"python -m tinyvit.learn: error: {error}", file=sys.stderr)
         return 2
 

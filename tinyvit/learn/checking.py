@@ -4,14 +4,16 @@ stop at the first failure, each failure one paragraph in the learner's terms.
 The stages, for every case of the exercise (several shapes, batch 1 and odd sizes
 among them), in float64 on NumPy, and again on CuPy where a GPU is present:
 
-1. not a blank: the backward runs (a NotImplementedError means not written yet);
+1. not a blank: the backward is the learner's own and runs (a NotImplementedError
+   means not written yet; a call to the library's own method is refused);
 2. shapes: every gradient has its array's shape;
 3. accumulation: two backward passes double every parameter's ``.grad``;
 4. invariants the derivation gives (rows that sum to zero, a gradient that is zero);
 5. the values against the library's reference backward on the same input and
-   upstream gradient: the intermediates first where the exercise keeps them
-   (exact, close, max difference, as "Becoming a backprop ninja" compares), then the
-   input's gradient and every parameter's, with the gradient check's diagnosis;
+   upstream gradient: the intermediates first where the exercise keeps them, then
+   every parameter's gradient and the input's, each a row of exact, close, max
+   difference and shape (as "Becoming a backprop ninja"'s cmp prints them), the first
+   that differs with the gradient check's diagnosis;
 6. central differences (``tinyvit.gradcheck``), with its diagnosis.
 
 ``check`` records each result in the workbook's progress file, for ``learn status``.
@@ -22,6 +24,7 @@ import inspect
 import json
 import sys
 import traceback
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import numpy as np  # the comparisons and the shape watch work on host arrays
@@ -34,11 +37,14 @@ from ..backend import (
     on_cpu,
     to_host,
     using_backend,
+    xp,
 )
 from ..backend import rng as device_rng
 from ..gradcheck import gradient_check
 from ..gradcheck.check import compare, doubled
-from ..gradcheck.diagnose import Context, diagnose
+from ..gradcheck.diagnose import NO_PATTERN, Context, diagnose
+from ..nn.conv import col2im
+from . import harness
 from .exercises import EXERCISES, by_name, derivation
 
 TOL = 1e-7  # the gradient check's bar (the library's backward agrees to about 1e-9)
@@ -81,15 +87,43 @@ def check(yours, exercise=None):
 
 
 def _exercise(yours, name):
+    """The exercise ``yours`` answers: the one whose file names it so (MyGELUTanh), else
+    the one whose layer it subclasses; named by the caller where neither tells."""
     if name is not None:
         return by_name(name)
-    matches = [ex for ex in EXERCISES if (ex.yours == yours.__name__)
-               or (inspect.isclass(yours) and not ex.is_function
-                   and issubclass(yours, ex.reference))]
+    named = [ex for ex in EXERCISES if ex.yours == yours.__name__]
+    if len(named) == 1:
+        return named[0]
+    matches = [ex for ex in EXERCISES if inspect.isclass(yours) and not ex.is_function
+               and issubclass(yours, ex.reference)]
     if len(matches) != 1:
-        raise ValueError(f"check({yours.__name__}): name the exercise, as check({yours.__name__}, "
-                         f"\"{matches[0].name if matches else 'linear'}\")")
+        options = " or ".join(f'check({yours.__name__}, "{ex.name}")'
+                              for ex in matches or [by_name("linear")])
+        raise ValueError(f"check({yours.__name__}): which exercise? name it, as {options}")
     return matches[0]
+
+
+class CallsLibrary(Exception):
+    """The learner's backward called the library's method it is to write again."""
+
+
+@contextmanager
+def _library_refused(ex):
+    """Within: the library's own method of the exercise raises ``CallsLibrary``, so that a
+    backward that hands its work to it (``return super().backward(dout)``) is caught."""
+    if ex.is_function:
+        yield
+        return
+    original = getattr(ex.reference, ex.method)
+
+    def refused(self, *args, **kwargs):
+        raise CallsLibrary
+
+    setattr(ex.reference, ex.method, refused)
+    try:
+        yield
+    finally:
+        setattr(ex.reference, ex.method, original)
 
 
 def _own_method(ex, yours):
@@ -113,13 +147,16 @@ def _check_case(ex, yours, case, where):
     dout = _upstream(mine, inputs, before_forward)
     computed = _backward(ex, mine, inputs, before_forward, dout, where)  # stages 1 and 2
     _accumulates(ex, mine, inputs, before_forward, dout, computed, where)  # stage 3
-    expected = _backward(ex, theirs, inputs, their_before, dout, where)
-    context = Context(mine, inputs[0], dout)
-    _invariants(ex, computed, where)  # stage 4
-    _intermediates(ex, mine, theirs, where)  # stage 5, then the parameters', then the input's
-    for name in [*list(computed)[1:], "input"]:
-        _same_as_library(ex, name, computed[name], expected[name], context, where)
-    report = gradient_check(mine, *inputs, before_forward=before_forward, tol=TOL)  # stage 6
+    expected = _backward(ex, theirs, inputs, their_before, dout, where, learner=False)
+    against = _Against(ex, computed, expected, Context(mine, inputs[0], dout))
+    _invariants(ex, computed, against, where)  # stage 4
+    _intermediates(ex, mine, theirs, where)  # stage 5, then every gradient
+    against.check(where)
+    with _library_refused(ex):  # stage 6
+        try:
+            report = gradient_check(mine, *inputs, before_forward=before_forward, tol=TOL)
+        except CallsLibrary:
+            raise ExerciseFailed(_paragraph(ex, where, _calls_library(ex))) from None
     for c in report.checks:
         if not c.passed(TOL):
             raise ExerciseFailed(_paragraph(
@@ -136,7 +173,7 @@ def _upstream(module, inputs, before_forward):
     return 1.0 if y.ndim == 0 else device_rng((7, 1)).standard_normal(y.shape)
 
 
-def _backward(ex, module, inputs, before_forward, dout, where):
+def _backward(ex, module, inputs, before_forward, dout, where, learner=True):
     """{"input": dx, parameter name: its gradient} of one forward and backward from
     zero gradients (copies, on the active backend); the learner's exceptions become
     paragraphs."""
@@ -148,11 +185,14 @@ def _backward(ex, module, inputs, before_forward, dout, where):
         before_forward()
     module.forward(*inputs)
     try:
-        dx = module.backward(dout)
+        with _library_refused(ex) if learner else nullcontext():
+            dx = module.backward(dout)
     except NotImplementedError:
         raise NotWritten(_paragraph(
             ex, where, f"not written yet: write {ex.yours}{'.' + ex.method if ex.method else ''} "
             f"between the markers of {ex.filename}")) from None
+    except CallsLibrary:
+        raise ExerciseFailed(_paragraph(ex, where, _calls_library(ex))) from None
     except WrongShape as error:
         raise ExerciseFailed(_paragraph(ex, where, str(error))) from None
     except Exception as error:  # the learner's code, any mistake: said where it is
@@ -172,28 +212,40 @@ def _backward(ex, module, inputs, before_forward, dout, where):
     return {name: value.copy() for name, value in computed.items()}
 
 
+def _calls_library(ex):
+    return (f"{ex.yours}.{ex.method} calls tinyvit's own {ex.reference.__name__}.{ex.method} "
+            f"(as super().{ex.method}(...) or {ex.reference.__name__}.{ex.method}(self, ...)), "
+            "which would pass without a line of yours: compute the gradients yourself")
+
+
 def _accumulates(ex, module, inputs, before_forward, dout, once, where):
     __tracebackhide__ = True  # pytest shows the paragraph, not these frames
     if before_forward:
         before_forward()
     module.forward(*inputs)
-    module.backward(dout)
+    with _library_refused(ex):
+        module.backward(dout)
     for name, p in module.named_parameters():
         if not doubled(p.grad, once[name]):
+            one, two = to_host(once[name]), to_host(p.grad)
+            at = np.unravel_index(np.abs(two - 2 * one).argmax(), one.shape)
             raise ExerciseFailed(_paragraph(
                 ex, where, f"{_tensor(name)} is assigned, not accumulated: a second backward "
-                "without zero_grad left it as it was instead of doubling it; add to it "
-                "(param.grad += ...), so that gradients from several uses sum"))
+                "without zero_grad left it as it was instead of doubling it (at "
+                f"{tuple(int(i) for i in at)}: {one[at]:.6g} after one backward, {two[at]:.6g} "
+                f"after two, where {2 * one[at]:.6g} was due); add to it (param.grad += ...), "
+                "so that gradients from several uses sum"))
 
 
-def _invariants(ex, computed, where):
-    """What the derivation says must hold, said as the derivation says it."""
+def _invariants(ex, computed, against, where):
+    """What the derivation says must hold, said as the derivation says it, with where
+    the gradients part from the library's."""
     __tracebackhide__ = True  # pytest shows the paragraph, not these frames
     host = {name: to_host(value) for name, value in computed.items()}
     for broken, why in INVARIANTS.get(ex.name, ()):
         what = broken(host)
         if what:
-            raise ExerciseFailed(_paragraph(ex, where, f"{what}: {why}"))
+            raise ExerciseFailed(_paragraph(ex, where, f"{what}: {why}", against.findings()))
 
 
 def _intermediates(ex, mine, theirs, where):
@@ -215,25 +267,65 @@ def _intermediates(ex, mine, theirs, where):
         if getattr(value, "shape", None) != want.shape:
             raise ExerciseFailed(_paragraph(ex, where, _wrong_shape(f"d{name}", getattr(
                 value, "shape", None), want.shape)))
-        diff = float(np.abs(value - want).max())
-        close = diff <= SAME * max(float(np.abs(want).max()), 1e-300)
-        rows.append(f"d{name:<6} exact: {bool(np.array_equal(value, want))!s:<5} | "
-                    f"close: {close!s:<5} | max diff {diff:.1e} | shape {want.shape}")
+        row, close = _cmp(f"d{name}", value, want, 6)
+        rows.append(row)
         if not close:
             raise ExerciseFailed(_paragraph(ex, where, f"d{name} differs from the library's "
                                             "(each intermediate's gradient, the last step "
                                             "first):", rows))
 
 
-def _same_as_library(ex, name, value, expected, context, where):
-    __tracebackhide__ = True  # pytest shows the paragraph, not these frames
-    c = compare(name, value, expected)
-    if c.rel_err <= SAME:
-        return
-    findings = diagnose(c, to_host(value), to_host(expected), context, SAME)
-    raise ExerciseFailed(_paragraph(
-        ex, where, f"{_tensor(name)} differs from the library's (rel_err {c.rel_err:.1e}; worst "
-        f"at {c.where}: yours {c.analytic:.6g}, the library's {c.numeric:.6g})", findings))
+def _cmp(label, value, want, width):
+    """One row of "Becoming a backprop ninja"'s cmp: exact, close, max difference, shape;
+    and whether the two are close."""
+    diff = float(np.abs(value - want).max()) if want.size else 0.0
+    close = diff <= SAME * max(float(np.abs(want).max()) if want.size else 0.0, 1e-300)
+    row = (f"{label:<{width}} exact: {bool(np.array_equal(value, want))!s:<5} | "
+           f"close: {close!s:<5} | max diff {diff:.1e} | shape {want.shape}")
+    return row, close
+
+
+class _Against:
+    """The learner's gradients against the library's, on the same input and upstream
+    gradient: the check of stage 5, and the findings a broken invariant adds."""
+
+    def __init__(self, ex, computed, expected, context):
+        self.ex, self.context = ex, context
+        self.names = [*list(computed)[1:], "input"]  # the parameters' first, as a backward ends
+        self.host = {name: (to_host(computed[name]), to_host(expected[name]))
+                     for name in self.names}
+        self.checks = {name: compare(name, computed[name], expected[name]) for name in self.names}
+        width = max(len(name) for name in self.names)
+        self.table = [_cmp(name, *self.host[name], width)[0] for name in self.names]
+
+    def differs(self, name):
+        return self.checks[name].rel_err > SAME
+
+    def diagnosis(self, name):
+        """The exercise's own findings, then the gradient check's (its "no simple
+        pattern" only where nothing else was found)."""
+        yours, library = self.host[name]
+        own = SPECIFIC.get(self.ex.name, lambda *_: [])(self.context, yours, library)
+        found = diagnose(self.checks[name], yours, library, self.context, SAME)
+        return own + [f for f in found if not (own and f.startswith(NO_PATTERN))]
+
+    def findings(self):
+        """Where the gradients part from the library's, for a broken invariant: each
+        differing gradient's diagnosis by name, then the table."""
+        found = [f"{_tensor(name)}: {finding}" for name in self.names if self.differs(name)
+                 for finding in self.diagnosis(name) if finding != NO_PATTERN]
+        return [*found, "yours against the library's:", *self.table]
+
+    def check(self, where):
+        """Stage 5: a failure at the first gradient that differs from the library's."""
+        __tracebackhide__ = True  # pytest shows the paragraph, not these frames
+        for name, c in self.checks.items():
+            if self.differs(name):
+                raise ExerciseFailed(_paragraph(
+                    self.ex, where, f"{_tensor(name)} differs from the library's (rel_err "
+                    f"{c.rel_err:.1e}; worst at {c.where}: yours {c.analytic:.6g}, the "
+                    f"library's {c.numeric:.6g})",
+                    [*self.diagnosis(name), "yours against the library's:", *self.table]))
 
 
 # -- shapes ----------------------------------------------------------------------------------
@@ -266,10 +358,12 @@ def _watch(module):
 
 
 def _wrong_shape(name, got, want, what="yours has"):
-    if got is not None and tuple(got) == tuple(want)[::-1] and len(want) == 2:
-        return (f"{_tensor(name)} must have its array's shape {tuple(want)}, but {what} shape "
-                f"{tuple(got)}, the transpose: dW = dy^T x (out, in), not x^T dy")
-    return f"{_tensor(name)} must have its array's shape {tuple(want)}, but {what} shape {got}"
+    said = f"{_tensor(name)} must have its array's shape {tuple(want)}, but {what} shape "
+    if got is None or tuple(got) != tuple(want)[::-1] or len(want) != 2:
+        return said + str(got)
+    if name.endswith("weight"):
+        return said + f"{tuple(got)}, the transpose: dW = dy^T x (out, in), not x^T dy"
+    return said + f"{tuple(got)}, the transpose of its shape: a product taken in the wrong order"
 
 
 # -- invariants ----------------------------------------------------------------------------------
@@ -283,9 +377,10 @@ def _sums_to_zero(axes, what):
     them). Returns a function of the gradients: None where it holds, else what broke."""
     def broken(computed):
         dx = computed["input"]
-        sums = float(np.abs(dx.sum(axis=axes)).max())
-        if sums > ROUNDING * float(np.abs(dx).max()) * dx.size:
-            return f"{what} must sum to zero, but yours sum to up to {sums:.3g}"
+        sums = np.abs(dx.sum(axis=axes))
+        if sums.max() > ROUNDING * float(np.abs(dx).max()) * dx.size:
+            at = tuple(int(i) for i in np.unravel_index(sums.argmax(), sums.shape))
+            return f"{what} must sum to zero, but yours sum to up to {sums.max():.3g} (at {at})"
         return None
 
     return broken
@@ -294,10 +389,25 @@ def _sums_to_zero(axes, what):
 def _key_bias_is_zero(computed):
     bias = computed["qkv.bias"]  # q, k, v stacked: the middle third is the key's
     third = len(bias) // 3
-    largest = float(np.abs(bias[third:2 * third]).max())
-    if largest > ROUNDING * float(np.abs(bias).max()):
-        return f"the key bias's gradient must be exactly zero, but yours reaches {largest:.3g}"
+    key = np.abs(bias[third:2 * third])
+    if key.max() > ROUNDING * float(np.abs(bias).max()):
+        return (f"the key bias's gradient must be exactly zero, but yours reaches "
+                f"{key.max():.3g} (at entry {third + int(key.argmax())} of qkv.bias)")
     return None
+
+
+def _overlaps(context, yours, library):
+    """col2im: right at the pixels one window reads, wrong where windows overlap."""
+    layer = context.module
+    counter = harness.Windows(col2im, layer.kernel, layer.stride, layer.padding)
+    windows = counter.forward(xp.ones_like(context.x))
+    reads = to_host(counter.backward(xp.ones_like(windows)))  # how many windows read each pixel
+    right = np.abs(yours - library) <= SAME * float(np.abs(library).max())
+    if (reads > 1).any() and right[reads == 1].all() and not right[reads > 1].all():
+        return ["right at the pixels that one window reads, wrong where windows overlap: "
+                "each window's gradient is added into its pixels (+=), not written over "
+                "what the windows before it left there (=)"]
+    return []
 
 
 # per exercise: (what breaks the invariant, why it holds)
@@ -314,11 +424,15 @@ INVARIANTS = {
                  "softmax does not change when the same number is added to a row of S; the "
                  "row-sum term keeps it so"),),
     "attention_core": ((_key_bias_is_zero,
-                        "it adds the same q.b to every score of a row, and each row of dS sums "
-                        "to zero (the softmax backward's row-sum term)"),),
+                        "the key bias adds the same q.b to every score of a row, and "
+                        "dk = dS^T q scale sums each row of dS, which sums to zero"),),
     "batchnorm": ((_sums_to_zero((0, 2, 3), "the input's gradient over (B, H, W), per channel,"),
                    "adding a constant to a channel changes nothing once its mean is taken out"),),
 }
+
+
+# per exercise: findings of its own, before the gradient check's diagnosis
+SPECIFIC = {"col2im": _overlaps}
 
 
 # -- what a failure says ----------------------------------------------------------------------

@@ -352,14 +352,17 @@ with its backward. dout: (B, N, D). Return dx (B, N, D).""",
         "Class token and position embedding",
         "The class token, the position embedding and the pooling: what the ViT itself does "
         "around its blocks, for both poolings.",
-        """The cache: B, N, D = self._take_cache(), the shape of the last block's output
-(under class-token pooling the last block returns (B, 1, D), and N is 1). dlogits: (B, K).
-Go back through self.head, self.pre_logits (when not None), self.norm, the pooling
-(self.config.pool: "cls" or "mean"), self.blocks (reversed), self.pos_drop; add the class
-token's gradient (1, 1, D) and the position embedding's (1, N, D) to their .grad; return
-self.patch_embed's backward of the patch rows: dx (B, C, H, W).""",
-        ("dfeatures, dpooled (B, D); the tokens' gradient (B, N, D); cls_token (1, 1, D); "
-         "pos_embed (1, N, D)",
+        """The cache: B, N, D = self._take_cache(), the shape of the last block's output:
+N = G^2 + 1 tokens (the class token and G^2 patches), or N = 1 under class-token pooling,
+whose last block computes the class token's row alone and whose backward gives back all
+G^2 + 1 rows. dlogits: (B, K). Go back through self.head, self.pre_logits (when not None),
+self.norm, the pooling (self.config.pool: "cls" or "mean"), self.blocks (reversed),
+self.pos_drop; add the class token's gradient (1, 1, D) and the position embedding's
+(1, G^2 + 1, D) to their .grad; return self.patch_embed's backward of the patch rows:
+dx (B, C, H, W). The pooling's derivation: """ + derivation("Pooling and the head") + ".",
+        ("dfeatures, dpooled (B, D); the last block's output gradient (B, N, D); the tokens' "
+         "gradient below the blocks (B, G^2 + 1, D); cls_token (1, 1, D); pos_embed "
+         "(1, G^2 + 1, D)",
          "cls pooling reads token 0, so its row gets dpooled and the others zero; mean "
          "pooling reads the mean of the patch tokens, so each gets dpooled / (N - 1); the "
          "class token and the position embedding were added to every image: their gradients "
@@ -411,7 +414,7 @@ dout: (B, F, Ho, Wo). Add db (F,) and dW (F, C, kh, kw) to the parameters' .grad
         ("dy (F, M) from dout; dW2 (F, U); dcols (U, M); dxpad (C, B, Hp, Wp)",
          "y = W2 cols + b: db = dy summed over M, dW2 = dy cols^T, dcols = W2^T dy; the columns "
          "go back by col2im (their order: (C, kh, kw, B, Ho, Wo)); the padding is dropped; "
-         "under weight standardization dW2 goes back through what = (W - mean) rstd"),
+         "under weight standardization dW2 goes back through w_hat = (W - mean) rstd"),
         (lambda make: _conv(make, (2, 3, 7, 7), 3, 4, 3, 2, 1),
          lambda make: _conv(make, (1, 3, 6, 5), 3, 4, 3, 1, 1),
          lambda make: _conv(make, (2, 3, 5, 5), 3, 4, 3, 1, 1, bias=False,

@@ -24,6 +24,11 @@ def start(folder, data_dir=None):
     if folder.exists() and any(folder.iterdir()):
         raise FileExistsError(f"{folder} is not empty: start a workbook in a new folder, or see "
                               f"where this one stands with python -m tinyvit.learn status {folder}")
+    if data_dir is not None and not Path(data_dir).is_dir():
+        raise FileNotFoundError(
+            f"--data-dir {data_dir} is not a folder: give the folder that holds mnist/ (the "
+            "training exercise reads its files), or leave --data-dir out to use $TINYVIT_DATA "
+            "or the cache, where the files are downloaded")
     folder.mkdir(parents=True, exist_ok=True)
     for ex in EXERCISES:
         (folder / ex.filename).write_text(render(ex))
@@ -33,6 +38,19 @@ def start(folder, data_dir=None):
     data_dir = str(Path(data_dir).resolve()) if data_dir else None  # pytest runs in the folder
     (folder / MARKER).write_text(json.dumps({"data_dir": data_dir}, indent=1) + "\n")
     return folder
+
+
+def _wrap(text, width, prefix=""):
+    """``text`` in lines of at most ``width`` characters, each begun with ``prefix``,
+    never broken inside parentheses or at a hyphen: a shape such as (B, NH, N, Dh) and
+    a link stay whole."""
+    depth, kept = 0, []
+    for char in " ".join(text.split()):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        kept.append("\0" if char == " " and depth > 0 else char)
+    lines = textwrap.wrap("".join(kept), width - len(prefix), break_on_hyphens=False,
+                          break_long_words=False)
+    return "\n".join(prefix + line.replace("\0", " ") for line in lines)
 
 
 def _what(ex):
@@ -61,7 +79,7 @@ def _imports(ex):
 def render(ex):
     """The file of an exercise, its blank empty."""
     what = _what(ex)
-    body = "\n".join(f"# {line}" for line in textwrap.wrap(" ".join(ex.task.split()), 84))
+    body = _wrap(ex.task, 86, "# ")
     blank = (f"{BEGIN.format(what=what)}\n"
              f"raise NotImplementedError(\"exercise {ex.number}: write {ex.yours}"
              f"{'.' + ex.method if ex.method else ''} here\")\n"
@@ -77,9 +95,9 @@ def render(ex):
     forward = getattr(ex.forward, "__qualname__", "")
     return f'''"""Exercise {ex.number} of {TOTAL}: {ex.title} ({TRACKS[ex.track]}).
 
-{textwrap.fill(ex.intro, 88)}
+{_wrap(ex.intro, 88)}
 
-{textwrap.fill(_how(ex), 88)}
+{_wrap(_how(ex), 88)}
 """
 
 from tinyvit.learn import check

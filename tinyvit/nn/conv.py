@@ -144,7 +144,7 @@ class Conv2d(Module):
     rstd under weight standardization, and the padded input's shape.
 
     ``weight_standardization`` (BiT's ResNet-V2, the stem of the hybrid ViT)
-    convolves with what = (W - mean) / sqrt(var + eps) instead of W, mean and
+    convolves with w_hat = (W - mean) / sqrt(var + eps) instead of W, mean and
     biased var over each output channel's (C, kh, kw) weights. eps is ``ws_eps``:
     1e-6 by default, as timm's ``StdConv2d``; timm's hybrid ViT builds its
     ResNet-V2 with 1e-8 and BiT's own code uses 1e-10, so loading weights of
@@ -189,12 +189,12 @@ class Conv2d(Module):
 
     def weight_matrix(self):
         """The weight as the (F, U) matrix the convolution multiplies by, and None;
-        under weight standardization, what (F, U) and its rstd (F, 1)."""
+        under weight standardization, w_hat (F, U) and its rstd (F, 1)."""
         w2 = self.weight.data.reshape(self.out_channels, -1)
         if not self.weight_standardization:
             return w2, None
-        what, rstd, _, _ = standardize(w2, 1, self.ws_eps)  # (F, U) and (F, 1), per row
-        return what, rstd
+        w_hat, rstd, _, _ = standardize(w2, 1, self.ws_eps)  # (F, U) and (F, 1), per row
+        return w_hat, rstd
 
     def backward(self, dout):
         """The forward in reverse, with dy = dout as (F, M) (the matmul's layout):
@@ -206,11 +206,11 @@ class Conv2d(Module):
                                     gradient added back into the pixel it copied
             xpad = pad(x)       ->  dx = dxpad without its border.
 
-        With weight standardization W2 is what = (W - mean) * rstd, and the
-        gradient dwhat = dy cols^T goes back through it row by row as LayerNorm's:
+        With weight standardization W2 is w_hat = (W - mean) * rstd, and the
+        gradient dw_hat = dy cols^T goes back through it row by row as LayerNorm's:
         with mean and rstd functions of the row, d mean/dw_u = 1/U and
         d rstd/dw_u = -rstd^3 (w_u - mean) / U, so summing the three paths
-            dW = rstd * (dwhat - mean(dwhat) - what * mean(dwhat * what)).
+            dW = rstd * (dw_hat - mean(dw_hat) - w_hat * mean(dw_hat * w_hat)).
         """
         cols, w2, rstd, padded_shape = self._take_cache()
         B, F, Ho, Wo = dout.shape
@@ -218,7 +218,7 @@ class Conv2d(Module):
         if self.bias is not None:
             self.bias.grad += dy.sum(axis=1)
         dw2 = dy @ cols.T  # (F, U)
-        if rstd is not None:  # through what = (W - mean) * rstd
+        if rstd is not None:  # through w_hat = (W - mean) * rstd
             dw2 = standardize_backward(dw2, w2, rstd, 1)
         self.weight.grad += dw2.reshape(self.weight.shape)
         dcols = w2.T @ dy  # (U, M)

@@ -87,7 +87,8 @@ class Module:
         if cache is None:
             raise RuntimeError(
                 f"{type(self).__name__}.backward called without a forward before it "
-                "(each training-mode forward serves one backward; eval mode keeps no cache)"
+                "(each training-mode forward serves one backward; an eval-mode forward keeps "
+                "nothing for a backward)"
             )
         return cache
 
