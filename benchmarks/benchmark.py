@@ -101,7 +101,7 @@ def make_parser():
     p.add_argument("--quick", action="store_true", help="config A, few steps: a smoke test for CI")
     p.add_argument("--gpu", action="store_true", help="tinyvit on CuPy against torch on CUDA")
     p.add_argument("--workers", type=int, default=1,
-                   help="worker processes of each --tiers runner (tinyvit.parallel; memory: "
+                   help="worker processes of each --tiers runner (tinyvit.train.parallel; memory: "
                         "summed over all processes); not the --baseline runner, which keeps "
                         "one process")
     p.add_argument("--tiers", default="fast",

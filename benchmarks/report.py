@@ -25,7 +25,7 @@ def print_plan(args, machine, peak_size, repeats, peaks):
              f"its own (memory {NOT_MEASURED})" if args.baseline else ""))
     if args.workers > 1:
         print(f"each tier's runner uses {args.workers} worker processes of one BLAS thread each "
-              "(tinyvit.parallel); its memory figures are summed over them and the parent")
+              "(tinyvit.train.parallel); its memory figures are summed over them and the parent")
     print()
 
 

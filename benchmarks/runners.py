@@ -72,7 +72,7 @@ def make_batch(config, batch):
 class TinyvitRunner:
     """tinyvit's layers of one tier ("fast" or "reference") in this process, or with
     ``workers > 1`` its training step and inference split over worker processes
-    (``tinyvit.parallel``, as ``train_mnist.py`` trains)."""
+    (``tinyvit.train.parallel``, as ``train_mnist.py`` trains)."""
 
     def __init__(self, config, images, labels, workers=1, tier="fast"):
         self.tier, self.name = tier, RUNNER_NAMES[tier]

@@ -1,4 +1,4 @@
-"""Tests for tinyvit.augment: every test runs on NumPy, and on CuPy with a GPU.
+"""Tests for tinyvit.data.augment: every test runs on NumPy, and on CuPy with a GPU.
 
 Images are drawn in [0.05, 1], so a 0 in an output can only come from padding or
 erasing, and every pixel of one image differs from the same pixel of another.

@@ -151,6 +151,14 @@ def test_a_run_that_cannot_split_says_what_to_change(changes, size, message):
     check_launch(TrainConfig(batch_size=30), 3)  # divides: no error
 
 
+def test_a_resumed_run_that_cannot_split_says_how_many_processes_can():
+    with pytest.raises(LaunchError) as error:
+        check_launch(TrainConfig(batch_size=64), 3, resumed=True)
+    assert str(error.value) == ("the run resumed has a batch of 64 images, which does not divide "
+                                "among 3 processes: resume with mpiexec -n N, N one of 2, 4, 8, "
+                                "16, 32, 64 (or without mpiexec)")
+
+
 def test_under_mpiexec_without_mpi4py_the_command_says_how_to_install_it(monkeypatch, capsys):
     monkeypatch.setenv("PMI_SIZE", "2")
     monkeypatch.setenv("PMI_RANK", "0")

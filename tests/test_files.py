@@ -2,6 +2,7 @@
 mid-write leaves the previous file as it was and no temporary file behind."""
 
 import errno
+import os
 
 import pytest
 
@@ -40,3 +41,14 @@ def test_without_a_size_the_bytes_written_are_what_it_needs(tmp_path):
         with atomic_write(tmp_path / "curves.png") as f:
             f.write(b"x" * 500_000)
             raise OSError(errno.EDQUOT, "Disk quota exceeded")
+
+
+def test_a_file_written_whole_has_the_permissions_of_a_new_file(tmp_path):
+    """As open() would make it (0666 less the umask), not a temporary file's 0600."""
+    umask = os.umask(0o022)
+    try:
+        with atomic_write(tmp_path / "model.npz") as f:
+            f.write(b"weights")
+    finally:
+        os.umask(umask)
+    assert (tmp_path / "model.npz").stat().st_mode & 0o777 == 0o644

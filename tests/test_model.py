@@ -164,10 +164,14 @@ def test_grads_use_state_dict_keys():
     "make_input, message",
     [
         (lambda: np.zeros((2, 8, 8), np.float32),
-         r"expected images of shape \(B, 2, 8, 8\), got shape \(2, 8, 8\)"),
-        (lambda: np.zeros((2, 3, 8, 8), np.float32), r"expected 2 channel\(s\), got 3"),
-        (lambda: np.zeros((2, 2, 12, 12), np.float32), "expected 8x8 images, got 12x12"),
-        (lambda: np.zeros((2, 2, 8, 8), np.uint8), "expected float images .* got dtype uint8"),
+         r"^ViT: expected input \(B, 2, 8, 8\), got shape \(2, 8, 8\)$"),
+        (lambda: np.zeros((2, 3, 8, 8), np.float32),
+         r"^ViT: expected input \(B, 2, 8, 8\), got shape \(2, 3, 8, 8\)$"),
+        (lambda: np.zeros((2, 2, 12, 12), np.float32),
+         r"^ViT: expected input \(B, 2, 8, 8\), got shape \(2, 2, 12, 12\)$"),
+        (lambda: np.zeros((2, 2, 8, 8), np.uint8),
+         "^ViT: expected a float array, got dtype uint8$"),
+        (lambda: [[0.0]], r"^ViT: expected an array of images \(B, 2, 8, 8\), got list$"),
     ],
 )
 def test_bad_images_get_clear_errors(make_input, message):

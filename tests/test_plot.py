@@ -1,4 +1,4 @@
-"""tinyvit.plot: every figure is a non-blank RGB PNG; colours, ticks and upscaling are exact."""
+"""tinyvit.viz.plot: every figure is a non-blank RGB PNG; colours, ticks and upscaling are exact."""
 
 import doctest
 

@@ -1,4 +1,4 @@
-"""Pre-trained checkpoints in and out (tinyvit/pretrained.py, tinyvit/convert.py).
+"""Pre-trained checkpoints in and out (tinyvit/weights/, tinyvit/convert.py).
 
 Every external format is written here from a small tinyvit model, its parameters
 jittered off their initial values, by the inverse of the loader's mapping written

@@ -273,6 +273,44 @@ def test_predict_rejects_a_file_that_is_not_an_image(stripes, tmp_path, capsys):
     assert (tmp_path / "run" / "best.npz").read_bytes() == best
 
 
+def test_ctrl_c_on_a_full_disk_keeps_the_last_checkpoint_and_says_how_to_resume(
+        stripes, tmp_path, monkeypatch, capsys):
+    """Ctrl-C in epoch 2, whose last.npz meets a full disk: epoch 1's last.npz is
+    intact, and the one line says so and how to resume."""
+    import errno
+
+    import tinyvit.files as files
+    import tinyvit.train.loop as train
+
+    original, replace, calls = train.Trainer.step, files.os.replace, {"n": 0}
+
+    def interrupted_step(self, *args):
+        calls["n"] += 1
+        if calls["n"] == 13:  # epoch 2, step 3 (10 steps an epoch)
+            raise KeyboardInterrupt
+        return original(self, *args)
+
+    def full_disk_once_interrupted(source, target):
+        if calls["n"] >= 13:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        replace(source, target)
+
+    monkeypatch.setattr(train.Trainer, "step", interrupted_step)
+    monkeypatch.setattr(files.os, "replace", full_disk_once_interrupted)
+    out = tmp_path / "cli"
+    args = ["--data-dir", str(stripes), "--out", str(out), "--epochs", "2", "--embed-dim", "16",
+            "--depth", "1", "--num-heads", "2", "--batch-size", "32", "--workers", "1"]
+    capsys.readouterr()
+    assert train_mnist.main(args) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"train_mnist.py: error: no space left on the device for "
+                          f"{out / 'last.npz'}: it needs about ")
+    assert err.endswith(f"{out / 'last.npz'} and the other files written before are intact: "
+                        f"free some space, then continue with --resume {out}")
+    _, _, meta = load_checkpoint(out / "last.npz")
+    assert (meta["epoch"], meta["step"]) == (1, 0)
+
+
 def test_ctrl_c_in_the_cli_saves_and_exits_130(stripes, tmp_path, monkeypatch):
     import tinyvit.train.loop as train
 

@@ -26,11 +26,16 @@ def check_float(x, layer):
         raise ValueError(f"{layer}: expected a float array, got dtype {x.dtype}")
 
 
-def check_images(x, where, channels=None):
+def check_images(x, where, channels=None, size=None):
     """A ValueError unless ``x`` is a float batch of images (B, C, H, W), with
-    ``channels`` channels when that is given."""
+    ``channels`` channels and ``size`` x ``size`` pixels where those are given."""
+    C = "C" if channels is None else channels
+    H, W = ("H", "W") if size is None else (size, size)
+    expected = f"(B, {C}, {H}, {W})"
+    if not hasattr(x, "ndim"):
+        raise ValueError(f"{where}: expected an array of images {expected}, got "
+                         f"{type(x).__name__}")
     check_float(x, where)
-    if x.ndim != 4 or channels not in (None, x.shape[1]):
-        expected = "C" if channels is None else channels
-        raise ValueError(f"{where}: expected input (B, {expected}, H, W), got shape "
-                         f"{tuple(x.shape)}")
+    if (x.ndim != 4 or channels not in (None, x.shape[1])
+            or size is not None and tuple(x.shape[2:]) != (size, size)):
+        raise ValueError(f"{where}: expected input {expected}, got shape {tuple(x.shape)}")

@@ -32,6 +32,13 @@ class NoSpaceError(OSError):
         return self.strerror
 
 
+def _new_file_mode():
+    """The permissions of a new file: read and write for all, less the umask."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 def megabytes(size):
     """A byte count as "1.7 MB"."""
     return f"{size / 1e6:.1f} MB"
@@ -55,6 +62,7 @@ def atomic_write(path, size=None):
             yield out
             out.flush()
             os.fsync(out.fileno())
+        os.chmod(out.name, _new_file_mode())  # as open() would make it, not tempfile's 0600
         os.replace(out.name, path)
     except OSError as error:
         if error.errno not in NO_SPACE:

@@ -22,6 +22,8 @@ def load_image(path, dataset, image_size):
     try:
         with Image.open(path) as image:
             image = ImageOps.exif_transpose(image).convert("L" if channels == 1 else "RGB")
+            # Pillow's resize averages every source pixel an output pixel covers: a photo
+            # shrinks by 100x without aliasing (nn.resample interpolates, for small factors)
             image = image.resize((image_size, image_size), Image.BILINEAR)
     except (FileNotFoundError, UnidentifiedImageError) as e:
         raise DatasetError(f"cannot read image {path}: {e}") from e

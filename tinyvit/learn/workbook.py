@@ -54,6 +54,7 @@ def _wrap(text, width, prefix=""):
 
 
 def _what(ex):
+    """What the blank's markers name: the method written again, or "function"."""
     return ex.method or "function"
 
 
@@ -136,6 +137,7 @@ def test_training():
 
 
 def _how(ex):
+    """The file's paragraph on how to write, run and check the exercise."""
     return (f"Write {ex.yours}{'.' + ex.method if ex.method else ''} between the markers, then "
             f"run `python -m pytest {ex.filename}` in this folder (or `python -m tinyvit.learn "
             f"check {ex.number}`). Stuck: `python -m tinyvit.learn hint {ex.number}`; after an "

@@ -16,6 +16,7 @@ be compared key by key with PyTorch implementations (see ``state_dict``).
 """
 
 from ..backend import float_dtype, host_rng, to_device, to_host, xp
+from ..checks import check_images
 from ..nn.init import trunc_normal
 from ..nn.layers import (
     Block,
@@ -97,26 +98,7 @@ class ViT(Module):
 
     def check_input(self, images):
         """Raise a ValueError naming what was expected and what came."""
-        c = self.config
-        expected = f"(B, {c.in_channels}, {c.image_size}, {c.image_size})"
-        if not hasattr(images, "ndim") or images.ndim != 4:
-            got = f"shape {images.shape}" if hasattr(images, "shape") else type(images).__name__
-            raise ValueError(f"ViT: expected images of shape {expected}, got {got}")
-        if not xp.issubdtype(images.dtype, xp.floating):
-            raise ValueError(
-                f"ViT: expected float images (normalized pixels), got dtype {images.dtype}"
-            )
-        _, C, H, W = images.shape
-        if C != c.in_channels:
-            raise ValueError(
-                f"ViT: expected {c.in_channels} channel(s), got {C} "
-                f"(images of shape {images.shape})"
-            )
-        if (H, W) != (c.image_size, c.image_size):
-            raise ValueError(
-                f"ViT: expected {c.image_size}x{c.image_size} images, got {H}x{W} "
-                f"(shape {images.shape}; resize them or build the model with image_size={H})"
-            )
+        check_images(images, "ViT", self.config.in_channels, self.config.image_size)
 
     def forward(self, images):
         self.check_input(images)

@@ -75,16 +75,26 @@ def launched():
     return 0, 1
 
 
-def check_launch(config, size):
+MOST_DIVISORS = 6  # numbers of processes suggested for a resumed run
+
+
+def check_launch(config, size, resumed=False):
     """A LaunchError unless a run of ``config`` can run as ``size`` processes: each
-    is one worker, and each batch splits evenly among them."""
+    is one worker, and each batch splits evenly among them. A ``resumed`` run keeps its
+    batch, so the advice is then a number of processes."""
     if config.workers > 1:
         raise LaunchError(f"--workers {config.workers} under mpiexec: the {size} processes "
                           "share each batch already; leave --workers out")
-    if config.batch_size % size:
-        raise LaunchError(f"a batch of {config.batch_size} images does not divide among "
-                          f"{size} processes: give a --batch-size that {size} divides "
-                          f"(e.g. {config.batch_size // size * size or size})")
+    B = config.batch_size
+    if B % size == 0:
+        return
+    if resumed:
+        divisors = [n for n in range(2, B + 1) if B % n == 0][:MOST_DIVISORS]
+        raise LaunchError(f"the run resumed has a batch of {B} images, which does not divide "
+                          f"among {size} processes: resume with mpiexec -n N, N one of "
+                          f"{', '.join(map(str, divisors))} (or without mpiexec)")
+    raise LaunchError(f"a batch of {B} images does not divide among {size} processes: give a "
+                      f"--batch-size that {size} divides (e.g. {B // size * size or size})")
 
 
 @functools.cache

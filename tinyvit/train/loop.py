@@ -31,7 +31,7 @@ from ..weights import load_checkpoint, save_checkpoint, saved_model_config
 from .budget import keep_to_budget, plan_epochs
 from .build import build_model, make_batches
 from .config import TrainConfig
-from .distributed import communicator, launched
+from .distributed import check_launch, communicator, launched
 from .evaluate import evaluate
 from .report import write_final_report, write_metrics
 from .state import RunState, Totals
@@ -62,6 +62,7 @@ def fit(config, resume=None, stop_after_steps=None):
         config = TrainConfig(**meta["config"])
         if processes > 1:  # mpiexec's processes share each batch, whatever ran it before
             config = dataclasses.replace(config, workers=1)
+            check_launch(config, processes, resumed=True)
     set_backend(config.backend)
     if processes > 1 and not on_cpu():
         communicator().use_local_gpu()
@@ -95,18 +96,24 @@ def fit(config, resume=None, stop_after_steps=None):
         except KeyboardInterrupt:  # in training or in evaluation: state says where the run is
             if trainer.primary:
                 state.wall = time.perf_counter() - started
-                path = _save(out / "last.npz", trainer, state)
+                try:
+                    path = _save(out / "last.npz", trainer, state)
+                except NoSpaceError as error:
+                    raise _after_full_disk(error, out) from None
                 print(f"\ninterrupted: saved {path} (epoch {state.epoch + 1}, "
                       f"step {state.step}); resume with --resume {path}")
             raise
         except NoSpaceError as error:
-            advice = _after_full_disk(out)
-            raise NoSpaceError(error.path, error.needed, error.free, advice) from None
+            raise _after_full_disk(error, out) from None
     return state.history
 
 
-def _after_full_disk(out):
-    """What to do once a checkpoint could not be written."""
+def _after_full_disk(error, out):
+    """The error of a checkpoint that could not be written, with what to do next."""
+    return NoSpaceError(error.path, error.needed, error.free, _advice_after_full_disk(out))
+
+
+def _advice_after_full_disk(out):
     if (out / "last.npz").is_file():
         return (f"{out / 'last.npz'} and the other files written before are intact: free some "
                 f"space, then continue with --resume {out}")
