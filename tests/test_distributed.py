@@ -198,7 +198,7 @@ def test_two_processes_train_the_one_process_model(stripes, tmp_path, model, dty
 @pytest.mark.skipif(not cupy_available(), reason="CuPy with a CUDA GPU not available")
 def test_two_processes_on_one_gpu_train_the_one_process_model(stripes, tmp_path):
     """On CuPy: each process takes the GPU of its rank on the machine (modulo the
-    GPUs: here both share one), and the sums go through host memory."""
+    GPUs: here both share one, so the sums go through host memory, not NCCL)."""
     settings = ["backend=cupy", "steps=6", f"model_overrides={HYBRID}"]
     assert run(1, stripes, tmp_path / "one", *settings)[0] == 130
     rc, out = run(2, stripes, tmp_path / "two", *settings)
@@ -206,6 +206,100 @@ def test_two_processes_on_one_gpu_train_the_one_process_model(stripes, tmp_path)
     one, two = weights(tmp_path / "one/last.npz"), weights(tmp_path / "two/last.npz")
     for name in one:
         np.testing.assert_allclose(two[name], one[name], rtol=1e-12, atol=1e-12, err_msg=name)
+
+
+class OneProcessWorld:
+    """mpi4py's COMM_WORLD of a run of one process, for the collectives NCCLSum uses."""
+
+    def Get_rank(self):
+        return 0
+
+    def Get_size(self):
+        return 1
+
+    def bcast(self, value, root):
+        return value
+
+
+class RecordingNCCL:
+    """cupy.cuda.nccl's names that NCCLSum uses, recording its calls."""
+
+    NCCL_FLOAT32, NCCL_FLOAT64, NCCL_SUM = 7, 8, 0
+
+    def __init__(self):
+        self.calls = []
+        test = self
+
+        class NcclCommunicator:
+            def __init__(self, size, unique_id, rank):
+                test.calls.append(("communicator", size, unique_id, rank))
+
+            def allReduce(self, *args):
+                test.calls.append(("allReduce", *args))
+
+        self.NcclCommunicator = NcclCommunicator
+
+    def get_unique_id(self):
+        return b"id of process 0"
+
+
+def test_nccl_sums_the_buffer_in_place_on_the_current_stream(monkeypatch):
+    """The host side of NCCLSum, its GPU stood in for: one Allreduce of the whole
+    buffer onto itself, its dtype named, on the current stream's handle."""
+    from types import SimpleNamespace
+
+    import tinyvit.train.distributed as distributed
+
+    stream = SimpleNamespace(ptr=1234)
+    monkeypatch.setattr(distributed, "xp", SimpleNamespace(cuda=SimpleNamespace(
+        get_current_stream=lambda: stream)))
+    nccl = RecordingNCCL()
+    device_sum = distributed.NCCLSum(OneProcessWorld(), nccl)
+    grad = np.zeros(10, np.float32)
+    assert device_sum(grad) is grad
+    pointer = grad.ctypes.data
+    assert nccl.calls == [("communicator", 1, b"id of process 0", 0),
+                          ("allReduce", pointer, pointer, 10, nccl.NCCL_FLOAT32, nccl.NCCL_SUM,
+                           1234)]
+    with pytest.raises(ValueError, match=r"^NCCLSum: expected a contiguous float32 or float64 "
+                                         r"array, got float64 strided shape \(5,\)$"):
+        device_sum(np.zeros(10)[::2])
+
+
+def test_device_arrays_go_to_nccl_and_host_arrays_to_mpi():
+    """Once the processes have a GPU each, the gradient buffer and BatchNorm's sums
+    (device arrays) go to NCCL; the loss and stop flags (host arrays) to MPI."""
+    from types import SimpleNamespace
+
+    from tinyvit.train.distributed import Communicator
+
+    summed = []
+    comm = object.__new__(Communicator)  # its collectives, without starting MPI
+    comm.MPI = SimpleNamespace(IN_PLACE="in place", SUM="sum")
+    comm.world = SimpleNamespace(Allreduce=lambda *args, op: summed.append(("mpi", op)))
+    comm.device_sum = lambda array: summed.append(("nccl", array)) or array
+    on_device = SimpleNamespace(shape=(3,))  # stands for a CuPy array
+    assert comm.sum(on_device) is on_device
+    comm.sum(np.zeros(2))
+    assert summed == [("nccl", on_device), ("mpi", "sum")]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not cupy_available(), reason="CuPy with a CUDA GPU not available")
+def test_nccl_sums_on_the_gpu():
+    """CuPy's NCCL, a run of one process: the sum of one buffer is the buffer."""
+    from tinyvit import backend as B
+    from tinyvit.train.distributed import NCCLSum
+
+    with using_backend("cupy"):
+        if B.nccl() is None:
+            pytest.skip("this CuPy came without NCCL")
+        device_sum = NCCLSum(OneProcessWorld(), B.nccl())
+        for dtype in ("float32", "float64"):
+            grad = B.rng(0).standard_normal(1000).astype(dtype)
+            before = grad.copy()
+            assert device_sum(grad) is grad
+            np.testing.assert_array_equal(B.to_host(grad), B.to_host(before))
 
 
 @mpi

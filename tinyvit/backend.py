@@ -150,6 +150,16 @@ def unpooled_bytes(nbytes):
     return _active.ndarray((nbytes,), dtype=_active.uint8, memptr=memory)
 
 
+def nccl():
+    """CuPy's NCCL binding (``cupy.cuda.nccl``: sums across GPUs), or None on NumPy or
+    where CuPy came without NCCL."""
+    if _active is numpy:
+        return None
+    from cupy.cuda import nccl as binding
+
+    return binding if binding.available else None
+
+
 def write(a, values):
     """Copy host ``values`` (a sequence or NumPy array of a's shape) into the array
     ``a`` in place; on a GPU queued on the current stream, the host not waiting. Not

@@ -35,8 +35,9 @@ a program of your own that calls ``fit`` under mpiexec can run as
 The processes on one machine share its cores: each limits its BLAS threads to
 its part of them (unless OPENBLAS_NUM_THREADS or OMP_NUM_THREADS says otherwise).
 With a GPU per process, each process takes the GPU of its rank on its machine,
-and the sums go through host memory (an MPI without CUDA support reads host
-memory only).
+and the device arrays are summed by NCCL (``NCCLSum``), GPU to GPU, never
+through host memory; processes that share a GPU (NCCL refuses two ranks on one
+device), or a CuPy without NCCL, sum through host memory by MPI.
 """
 
 import functools
@@ -46,7 +47,7 @@ import signal
 
 import numpy as np  # host-side buffers for MPI
 
-from ..backend import to_host, xp
+from ..backend import address, nccl, to_host, xp
 from ..nn.conv import BatchNorm2d, SyncBatchNorm2d
 from ..nn.loss import SoftmaxCrossEntropy
 from .gradients import loss_and_gradients, rows, share_seed
@@ -121,13 +122,21 @@ class Communicator:
         self.local_rank, self.local_size = local.Get_rank(), local.Get_size()
         if not any(name in os.environ for name in _THREAD_SETTINGS):
             threadpool_limits(max(1, cpu_cores() // self.local_size))
+        self.device_sum = None  # NCCLSum, once each process has a GPU of its own
 
     def use_local_gpu(self):
-        """On CuPy: make this process's GPU the one of its rank on its machine."""
-        xp.cuda.Device(self.local_rank % xp.cuda.runtime.getDeviceCount()).use()
+        """On CuPy: make this process's GPU the one of its rank on its machine; where
+        each process has a GPU of its own and CuPy has NCCL, sum on the GPUs."""
+        gpus = xp.cuda.runtime.getDeviceCount()
+        xp.cuda.Device(self.local_rank % gpus).use()
+        binding = nccl()
+        if binding is not None and self.local_size <= gpus:
+            self.device_sum = NCCLSum(self.world, binding)
 
     def sum(self, array):
         """``array`` replaced, in place, by its sum over the processes; returns it."""
+        if self.device_sum is not None and not isinstance(array, np.ndarray):
+            return self.device_sum(array)
         host = to_host(array)  # ``array`` itself on NumPy
         self.world.Allreduce(self.MPI.IN_PLACE, host, op=self.MPI.SUM)
         if host is not array:
@@ -157,6 +166,32 @@ class Communicator:
         """End every process of the run with exit status ``code``: on an error in one
         process, the others may be waiting for it in a collective that never ends."""
         self.world.Abort(code)
+
+
+class NCCLSum:
+    """Sums of device arrays over the processes by NCCL's Allreduce (CuPy's
+    ``cupy.cuda.nccl``), on the GPUs and over their links. Process 0 draws the
+    communicator's id, and MPI hands it to the others; the sum runs on the current
+    stream, in order with the kernels before and after it."""
+
+    DTYPES = {"float32": "NCCL_FLOAT32", "float64": "NCCL_FLOAT64"}
+
+    def __init__(self, world, nccl):
+        self.nccl = nccl
+        rank, size = world.Get_rank(), world.Get_size()
+        unique_id = world.bcast(nccl.get_unique_id() if rank == 0 else None, root=0)
+        self.comm = nccl.NcclCommunicator(size, unique_id, rank)
+
+    def __call__(self, array):
+        """``array`` (a contiguous device array) replaced, in place, by its sum."""
+        if not array.flags.c_contiguous or array.dtype.name not in self.DTYPES:
+            raise ValueError(f"NCCLSum: expected a contiguous float32 or float64 array, got "
+                             f"{array.dtype} {'' if array.flags.c_contiguous else 'strided '}"
+                             f"shape {array.shape}")
+        dtype = getattr(self.nccl, self.DTYPES[array.dtype.name])
+        self.comm.allReduce(address(array), address(array), array.size, dtype,
+                            self.nccl.NCCL_SUM, xp.cuda.get_current_stream().ptr)
+        return array
 
 
 def synchronize_batchnorm(model, comm):
