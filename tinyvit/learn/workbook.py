@@ -7,6 +7,7 @@ when asked for (``solution``), so they cannot go stale."""
 import ast
 import inspect
 import json
+import re
 import textwrap
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from .exercises import BACKPROP, EXERCISES, STEPS, TRACKS, TRAINING, derivation
 BEGIN, END = "# ---- your {what} ----", "# ---- end of your {what} ----"
 PYTEST_INI = "[pytest]\npython_files = ex*.py\naddopts = -p no:cacheprovider --tb=short\n"
 TOTAL = len(EXERCISES) + 1  # and the training
+SHAPE = 30  # a parenthesis this long or shorter (a shape) is kept on one line
 
 
 def start(folder, data_dir=None):
@@ -42,13 +44,11 @@ def start(folder, data_dir=None):
 
 def _wrap(text, width, prefix=""):
     """``text`` in lines of at most ``width`` characters, each begun with ``prefix``,
-    never broken inside parentheses or at a hyphen: a shape such as (B, NH, N, Dh) and
-    a link stay whole."""
-    depth, kept = 0, []
-    for char in " ".join(text.split()):
-        depth += {"(": 1, ")": -1}.get(char, 0)
-        kept.append("\0" if char == " " and depth > 0 else char)
-    lines = textwrap.wrap("".join(kept), width - len(prefix), break_on_hyphens=False,
+    never broken inside a short parenthesis or at a hyphen: a shape such as
+    (B, NH, N, Dh) and a link stay whole."""
+    kept = re.sub(r"\([^()]{0,%d}\)" % SHAPE, lambda m: m.group(0).replace(" ", "\0"),
+                  " ".join(text.split()))
+    lines = textwrap.wrap(kept, width - len(prefix), break_on_hyphens=False,
                           break_long_words=False)
     return "\n".join(prefix + line.replace("\0", " ") for line in lines)
 
@@ -103,7 +103,8 @@ def render(ex):
 
 from tinyvit.learn import check
 {reference}{_imports(ex)}
-# The forward you differentiate, as tinyvit computes it ({ex.forward.__module__}, {forward}):
+# The forward you differentiate, as tinyvit computes it:
+# {ex.forward.__module__}.{forward}
 #
 {_quoted(ex.forward)}
 
