@@ -130,7 +130,8 @@ class Communicator:
         gpus = xp.cuda.runtime.getDeviceCount()
         xp.cuda.Device(self.local_rank % gpus).use()
         binding = nccl()
-        if binding is not None and self.local_size <= gpus:
+        own_gpu = binding is not None and self.local_size <= gpus
+        if self.world.allreduce(own_gpu, op=self.MPI.LAND):  # every process, or none
             self.device_sum = NCCLSum(self.world, binding)
 
     def sum(self, array):
@@ -176,11 +177,11 @@ class NCCLSum:
 
     DTYPES = {"float32": "NCCL_FLOAT32", "float64": "NCCL_FLOAT64"}
 
-    def __init__(self, world, nccl):
-        self.nccl = nccl
+    def __init__(self, world, binding):
+        self.nccl = binding  # cupy.cuda.nccl
         rank, size = world.Get_rank(), world.Get_size()
-        unique_id = world.bcast(nccl.get_unique_id() if rank == 0 else None, root=0)
-        self.comm = nccl.NcclCommunicator(size, unique_id, rank)
+        unique_id = world.bcast(binding.get_unique_id() if rank == 0 else None, root=0)
+        self.comm = binding.NcclCommunicator(size, unique_id, rank)
 
     def __call__(self, array):
         """``array`` (a contiguous device array) replaced, in place, by its sum."""
