@@ -277,20 +277,27 @@ def _layer(name, computed, expected, context):
 def _rows_sum_to_zero(computed):
     """Softmax cross-entropy's invariant: dlogits = (p - t) / B, and p and t each sum to
     1 over the classes, so every row of the logits' gradient sums to zero."""
-    sums = np.abs(computed.sum(axis=-1)).max()
-    if sums <= CLOSE * np.abs(computed).max() * computed.shape[-1]:
+    sums = _row_sums(computed)
+    if sums is None:
         return []
     return [f"each row of the logits' gradient must sum to zero (p = softmax(z) and the target "
             f"t each sum to 1; adding a constant to a row of logits changes nothing) but its "
             f"rows sum to up to {sums:.3g}"]
 
 
+def _row_sums(computed):
+    """The largest sum of a row (over the last axis) of a gradient whose rows must sum
+    to zero, or None where every row does, to rounding."""
+    sums = np.abs(computed.sum(axis=-1)).max()
+    return sums if sums > CLOSE * np.abs(computed).max() * computed.shape[-1] else None
+
+
 def _layernorm(computed, expected, x, dout, gamma, eps):
     """LayerNorm's invariant, and its terms computed on the active backend from its
     input x, the upstream gradient and gamma."""
     findings = []
-    sums = np.abs(computed.sum(axis=-1)).max()
-    if sums > CLOSE * np.abs(computed).max() * computed.shape[-1]:
+    sums = _row_sums(computed)
+    if sums is not None:
         findings.append(f"the input gradient must sum to zero over the features of each row "
                         f"(adding a constant to a row changes nothing) but its rows sum to up to "
                         f"{sums:.3g}")

@@ -110,14 +110,12 @@ def fit(config, resume=None, stop_after_steps=None):
 
 def _after_full_disk(error, out):
     """The error of a checkpoint that could not be written, with what to do next."""
-    return NoSpaceError(error.path, error.needed, error.free, _advice_after_full_disk(out))
-
-
-def _advice_after_full_disk(out):
     if (out / "last.npz").is_file():
-        return (f"{out / 'last.npz'} and the other files written before are intact: free some "
-                f"space, then continue with --resume {out}")
-    return "no checkpoint was written yet: free some space and start the run again"
+        advice = (f"{out / 'last.npz'} and the other files written before are intact: free "
+                  f"some space, then continue with --resume {out}")
+    else:
+        advice = "no checkpoint was written yet: free some space and start the run again"
+    return NoSpaceError(error.path, error.needed, error.free, advice)
 
 
 def _train_epoch(trainer, batches, state, stop_after_steps, steps_done):
