@@ -360,3 +360,52 @@ def test_the_data_folder_is_kept_whole_and_a_missing_one_is_named(tmp_path, monk
     with pytest.raises(ExerciseFailed, match=f"exercise {TRAINING} trains on MNIST: mnist train: "
                                              f"{tmp_path / 'empty'} does not hold the files"):
         check_training(folder)
+
+
+def _gradients(module, dout):
+    """The input's gradient and every parameter's, from zero, as one host vector."""
+    module.zero_grad()
+    parts = [module.backward(dout)] + [p.grad for p in module.parameters()]
+    return np.concatenate([B.to_host(part).reshape(-1) for part in parts])
+
+
+@pytest.mark.parametrize("ex", EXERCISES, ids=lambda ex: ex.name)
+def test_every_cached_tensor_changes_the_gradient_in_some_case(ex):
+    """A mistake that reads one cached tensor for another (A for Ad, x for xhat) must fail
+    some case: per exercise, for every array a forward caches (its layer's own, or one of
+    the layers' below it) and every other cached array of its shape (or its own entries
+    reversed, where none has its shape), some case in which the library's backward, given
+    that one in its place, gives other gradients. A and Ad differ only with attention
+    dropout on: a case with it."""
+    matters = {}
+    for case in ex.cases:
+        with B.default_dtype("float64"):
+            module, inputs, before_forward = case(ex.reference)
+            if before_forward:
+                before_forward()
+            y = module.forward(*inputs)
+            dout = 0.7 if y.ndim == 0 else randn(*y.shape, seed=9)
+            layers = dict(module.named_modules())
+            caches = {path: layer.cache for path, layer in layers.items()}
+            cached = [(path, i, item) for path, cache in caches.items() for i, item in (
+                enumerate(cache) if isinstance(cache, tuple) else [(None, cache)])
+                if B.is_array(item)]
+            right = _gradients(module, dout)
+            for path, position, value in cached:
+                others = [((p, i), v) for p, i, v in cached if v.shape == value.shape
+                          and (p, i) != (path, position)]
+                reversed_ = value.reshape(-1)[::-1].reshape(value.shape)
+                for other, stand_in in others or [("reversed", reversed_)]:
+                    for name, layer in layers.items():
+                        layer.cache = caches[name]
+                    cache = caches[path]
+                    layers[path].cache = stand_in if position is None else tuple(
+                        stand_in if i == position else item for i, item in enumerate(cache))
+                    try:
+                        changed = not np.allclose(_gradients(module, dout), right)
+                    except ValueError:  # shapes that no longer fit: it mattered
+                        changed = True
+                    key = (path, position, other)
+                    matters[key] = matters.get(key, False) or changed
+    assert all(matters.values()), [key for key, value in matters.items() if not value]
+    assert bool(matters) == (ex.name not in ("patchify", "merge_heads", "split_heads", "col2im"))

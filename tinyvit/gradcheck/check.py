@@ -20,16 +20,19 @@ i.e. the worst entry's error relative to the tensor's scale (an entry-by-entry
 ratio would blow up on entries that are legitimately near zero); ``where`` is
 the index of that worst entry. A second backward, without ``zero_grad``, must
 double every parameter's gradient: gradients accumulate (``+=``), so that the
-gradients of residual branches and shared layers add up. A tensor that fails
-either is diagnosed in the layer's own terms (``diagnose.py``).
+gradients of residual branches and shared layers add up. When a tensor fails
+either, edits of the backward's code are searched for the fix (``repair.py``), and
+each failing tensor is diagnosed in the layer's own terms (``diagnose.py``).
 """
 
 import dataclasses
 import itertools
+import math
 
+from ..backend import get_backend, is_array, xp
 from ..backend import rng as device_rng
-from ..backend import to_host, xp
 from .diagnose import Context, diagnose
+from .repair import BUDGET, Probe, search
 from .report import GradCheckReport
 
 DOUT_STREAM = 1  # dout is drawn from rng((seed, DOUT_STREAM))
@@ -48,22 +51,27 @@ class TensorCheck:
     numeric: float
     accumulates: bool = True  # a second backward added to the first
     findings: list = dataclasses.field(default_factory=list)  # what is wrong, if anything
+    problem: str = None  # a gradient of another type, shape or dtype, or not finite
 
     def passed(self, tol):
-        return self.rel_err <= tol and self.accumulates
+        return self.problem is None and self.rel_err <= tol and self.accumulates
 
 
 def gradient_check(module, x, *args, h=1e-5, seed=0, before_forward=None, wrt_input=True,
-                   tol=1e-7):
+                   tol=1e-7, expected=None, repair=BUDGET):
     """Check ``module.backward`` against central differences, in float64.
 
     ``module.forward(x, *args)``: only ``x`` and the parameters are differentiated
     (``args`` are e.g. integer labels). The module and ``x`` must be float64 (use
     ``backend.default_dtype("float64")`` when building, or ``module.astype``).
     ``before_forward`` is called before every forward: use it to restore a random
-    generator so dropout draws the same mask each time. Returns a
-    ``GradCheckReport``: a tensor passes when its relative error is at most
-    ``tol``; call ``.assert_ok()`` on it in tests.
+    generator so dropout draws the same mask each time. ``expected`` ({"input": ...,
+    each parameter's name: ...}) stands in for the central differences where they are
+    known already (computed once for many checks, or another implementation's). When a
+    gradient fails, edits of the code the backward ran are searched for the one that
+    makes every gradient right, for at most ``repair`` seconds (0: no search;
+    ``repair.py``). Returns a ``GradCheckReport``: a tensor passes when its relative
+    error is at most ``tol``; call ``.assert_ok()`` on it in tests.
     """
     if x.dtype != xp.float64 or any(p.data.dtype != xp.float64 for p in module.parameters()):
         raise ValueError("gradient_check: the input and the parameters must be float64")
@@ -74,8 +82,10 @@ def gradient_check(module, x, *args, h=1e-5, seed=0, before_forward=None, wrt_in
         return module.forward(x, *args)
 
     y = forward()
-    # dout from a stream of its own: an input drawn with the same integer seed differs from it
-    dout = 1.0 if y.ndim == 0 else device_rng((seed, DOUT_STREAM)).standard_normal(y.shape)
+    # dout from a stream of its own: an input drawn with the same integer seed differs from it;
+    # for a scalar (a loss) a number other than 1, so that a backward that drops it fails
+    draw = device_rng((seed, DOUT_STREAM)).standard_normal(y.shape)
+    dout = float(draw) if y.ndim == 0 else draw
 
     def loss():
         return float((forward() * dout).sum())
@@ -88,16 +98,21 @@ def gradient_check(module, x, *args, h=1e-5, seed=0, before_forward=None, wrt_in
     forward()
     module.backward(dout)  # again, without zero_grad: every gradient must double
     twice = {name: p.grad for name, p in module.named_parameters()}
-    context = Context(module, x, dout)
-    checks = []
+    right, checks = {}, []
     for name, value, analytic in tensors:
-        numeric = numeric_gradient(loss, value, h)
-        check = compare(name, analytic, numeric)
-        check.accumulates = name == "input" or doubled(twice[name], analytic)
-        if not check.passed(tol):
-            check.findings = diagnose(check, to_host(analytic), to_host(numeric), context, tol)
+        right[name] = numeric_gradient(loss, value, h) if expected is None else expected[name]
+        check = compare(name, analytic, right[name])
+        check.accumulates = name == "input" or check.problem is not None or doubled(
+            twice[name], analytic)
         checks.append(check)
-    return GradCheckReport(checks, h, tol, module)
+    found = None
+    if repair and not all(c.passed(tol) for c in checks):
+        found = search(Probe(module, forward, dout), right, tol, budget=repair)
+    context = Context(module, x, dout, found)
+    for check, (name, _, analytic) in zip(checks, tensors):
+        if not check.passed(tol):
+            check.findings = diagnose(check, analytic, right[name], context, tol)
+    return GradCheckReport(checks, h, tol, module, found)
 
 
 def numeric_gradient(loss, value, h=1e-5):
@@ -117,7 +132,12 @@ def numeric_gradient(loss, value, h=1e-5):
 
 def compare(name, analytic, numeric):
     """The ``TensorCheck`` of a computed gradient against an expected one (numeric, or
-    another implementation's): the max-norm relative error and where it is worst."""
+    another implementation's): the max-norm relative error and where it is worst; a
+    problem of type before any value (another shape or dtype, not an array, not finite)."""
+    problem = type_problem(analytic, numeric)
+    if problem:
+        return TensorCheck(name, tuple(numeric.shape), math.inf, (), math.nan, math.nan,
+                           problem=problem)
     diff = xp.abs(analytic - numeric)
     scale = float(xp.maximum(xp.abs(analytic), xp.abs(numeric)).max())
     worst = diff.argmax()  # flat index, a 0-d array (CuPy's unravel_index takes no Python int)
@@ -125,6 +145,25 @@ def compare(name, analytic, numeric):
     rel_err = float(diff.max()) / scale if scale > 0 else 0.0
     return TensorCheck(name, tuple(numeric.shape), rel_err, where,
                        float(analytic.reshape(-1)[worst]), float(numeric.reshape(-1)[worst]))
+
+
+def type_problem(computed, expected):
+    """What is wrong with a gradient before its values: not an array of the active backend,
+    another shape or dtype, entries that are not finite; None when nothing is."""
+    if not is_array(computed):
+        where = type(computed)
+        return (f"computed is a {where.__module__}.{where.__name__}, not an array of the "
+                f"active backend ({get_backend()})")
+    if computed.shape != expected.shape:
+        return f"computed has shape {tuple(computed.shape)} where {tuple(expected.shape)} is due"
+    if computed.dtype != expected.dtype:
+        return (f"computed is {computed.dtype}, not {expected.dtype} like the input and the "
+                f"parameters: an array made with another dtype, or converted, on the way")
+    bad = int((~xp.isfinite(computed)).sum())
+    if bad:
+        return (f"{bad} of {computed.size} computed entries are not finite (nan or inf): a "
+                "division by zero or an overflow on the way")
+    return None
 
 
 def doubled(twice, once):

@@ -1,43 +1,50 @@
-"""What a failing gradient got wrong, said in the layer's own terms.
+"""What a failing gradient got wrong, said in the layer's own terms, each finding verified
+on the numbers before it is said.
 
-A relative error says that a gradient is wrong, not how. For a tensor that fails
-its check, ``diagnose`` compares the computed gradient with the expected one
-(central differences) and reports what it finds:
+For a tensor that fails its check, ``diagnose`` compares the computed gradient with the
+expected one and reports, in this order:
 
-- a constant ratio computed/expected, read where it means something: 0 (a term
-  never added), -1 (a sign), 1/M (a sum over M rows taken as their mean), a loss's
-  B (its mean over the batch taken as a sum), another integer (added that many
-  times), sqrt(Dh) or 1/sqrt(Dh) (attention's scale missing or applied twice);
-- the expected gradient transposed (an (in, out) weight gradient for (out, in)), or its
-  values in other places (entries moved by a wrong reshape or transpose);
-- the upstream gradient ``dout`` passed on as it came (a mask or a branch forgotten);
+- a problem of type before any value (``check.type_problem``): another shape or dtype,
+  not an array of the backend, entries that are not finite: that alone;
+- a gradient assigned instead of accumulated (a second backward left it as it was);
+- a constant ratio computed/expected, said only where it is constant to 1e-6 and is a
+  small fraction or a named quantity of the layer: 0 (a term never added), -1 (a sign),
+  1/M (a sum over M rows taken as their mean), a loss's B (its mean taken as a sum),
+  sqrt(Dh) or 1/sqrt(Dh) (attention's scale missing or applied twice), a factor the
+  layer holds (self.scale, 1/(1-p));
+- the expected gradient transposed, or its values in other places; the upstream gradient
+  ``dout`` passed on as it came;
 - where the error sits: the q, k or v rows of a fused qkv projection and which heads,
-  or whole rows or whole columns of a weight;
-- an invariant of the derivation broken (LayerNorm's input gradient sums to zero
-  over the features; each row of softmax cross-entropy's logit gradient sums to zero;
-  the key bias's gradient is exactly zero);
-- a term of the derivation missing (GELU's x phi(x), LayerNorm's mean(g));
-- a gradient assigned instead of accumulated (a second backward left it as it was).
+  whole rows or whole columns of a weight;
+- an invariant of the derivation broken (LayerNorm's input gradient sums to zero over the
+  features; each row of softmax cross-entropy's logit gradient sums to zero; the key
+  bias's gradient is exactly zero), a term of the derivation missing (GELU's x phi(x),
+  LayerNorm's mean(g));
+- where the repair search found no fix (``repair.py``), the difference measured
+  (``difference.py``): a combination of values the backward had at hand, and which
+  entries, rows or heads differ.
 
 Shapes: M rows, D features, NH heads, Dh = D / NH (the legend heads docs/backprop.md).
 """
 
 import dataclasses
+import fractions
 import math
 
 import numpy as np  # the diagnosis works on host copies
 
-from ..backend import to_host
+from ..backend import is_array, to_host
 from ..nn import layers
 from ..nn.functional import normal_cdf, normal_pdf, standardize
 from ..nn.loss import SoftmaxCrossEntropy
+from .difference import measured
 
 FLAT = 1e-6  # a ratio is constant when every entry is within this of it, relative
 CLOSE = 1e-6  # two gradients are the same when they differ by this, relative to their scale
 MEANINGFUL = 1e-2  # entries below this share of the largest are left out of ratios
 MOST_LISTED = 6  # rows, columns or heads named one by one at most
+SMALL = 16  # a ratio p/q is a small fraction when q and |p| are at most this
 
-NO_PATTERN = "no simple pattern: compare it with its derivation line by line"
 ASSIGNED = ("assigned, not accumulated: a second backward without zero_grad left it as it "
             "was instead of doubling it; gradients add up (+=), so that residual branches "
             "and shared layers sum")
@@ -46,11 +53,13 @@ ASSIGNED = ("assigned, not accumulated: a second backward without zero_grad left
 @dataclasses.dataclass
 class Context:
     """What the diagnosis may look at besides the two gradients: the module checked,
-    its input and the upstream gradient of the check."""
+    its input, the upstream gradient of the check, and the repair search's ``Search``
+    (None where none ran)."""
 
     module: object
     x: object
     dout: object
+    search: object = None
 
     def owner(self, name):
         """(the layer holding parameter ``name``, its attribute name in the layer above,
@@ -63,15 +72,36 @@ class Context:
 
 
 def diagnose(check, computed, expected, context, tol):
-    """The findings for a tensor that failed its check, one line each; ``computed``
-    and ``expected`` are host arrays."""
+    """The findings for a tensor that failed its check, one line each (the gradients on
+    the active backend, or the host)."""
+    if check.problem:
+        return [check.problem]
     findings = [] if check.accumulates else [ASSIGNED]
     if check.rel_err <= tol:
         return findings
+    computed, expected = to_host(computed), to_host(expected)
     findings += _overall(check.name, computed, expected, context)
-    findings += _where(check.name, computed, expected, context, tol)
-    findings += _layer(check.name, computed, expected, context)
-    return findings or [NO_PATTERN]
+    located = _where(check.name, computed, expected, context, tol)
+    findings += located + _layer(check.name, computed, expected, context)
+    if context.search is None or context.search.fix is None:
+        findings += measured(computed, expected, _values(check.name, context), tol,
+                             where=not located)
+    return findings
+
+
+def _values(name, context):
+    """What the measured difference may be made of: dout, the arrays the backward named
+    (from the repair search's trace), the derivation's terms of the layer."""
+    values = []
+    if name == "input" and is_array(context.dout):
+        values.append(("dout", context.dout))
+    if name == "input":
+        values += [(f"the term {label}", value) for label, value in
+                   _terms(context.module, context.x, context.dout).items()]
+    if context.search is not None:
+        values += [(f"{local} (in {function})", value)
+                   for function, local, value in context.search.trace.arrays()]
+    return values
 
 
 # -- the whole tensor -------------------------------------------------------------------
@@ -83,8 +113,9 @@ def _overall(name, computed, expected, context):
         return ["computed is zero everywhere: this gradient is never added"]
     ratio = constant_ratio(computed, expected)
     if ratio is not None:
-        value, meaning = _read_ratio(ratio, _head_dim(name, context), _rows(context))
-        return [f"computed/expected = {value} everywhere: {meaning}"]
+        read = read_ratio(ratio, _head_dim(name, context), _rows(context),
+                          _named(name, context))
+        return [f"computed/expected = {read[0]} everywhere: {read[1]}"] if read else []
     if computed.ndim == 2 and computed.shape[0] == computed.shape[1] and _same(computed,
                                                                                expected.T):
         return ["computed is the expected gradient transposed: an (in, out) matrix where "
@@ -113,19 +144,22 @@ def constant_ratio(computed, expected):
     return ratio if flat and everywhere else None
 
 
-def _read_ratio(ratio, head_dim, rows=None):
-    """(a ratio as text, what it usually means), ``rows`` the rows a loss averages
-    over where the checked module is one."""
-    if head_dim and math.isclose(ratio, math.sqrt(head_dim), rel_tol=1e-4):
+def read_ratio(ratio, head_dim=None, rows=None, named=()):
+    """(a ratio as text, what it means) where it is a quantity of the layer or a small
+    fraction; None for any other number, which would mean nothing to a reader.
+    ``rows``: the rows a loss averages over; ``named``: [(name, value)] of the layer."""
+    if head_dim and math.isclose(ratio, math.sqrt(head_dim), rel_tol=1e-6):
         return (f"{ratio:.6g} = sqrt(Dh), Dh = {head_dim}",
                 "the 1/sqrt(Dh) scale of the scores is missing in the backward"
                 + _also_whole(head_dim, "or a factor of {} too many"))
-    if head_dim and math.isclose(ratio, 1 / math.sqrt(head_dim), rel_tol=1e-4):
+    if head_dim and math.isclose(ratio, 1 / math.sqrt(head_dim), rel_tol=1e-6):
         return (f"{ratio:.6g} = 1/sqrt(Dh), Dh = {head_dim}",
                 "the 1/sqrt(Dh) scale is applied twice"
                 + _also_whole(head_dim, "or a stray factor of 1/{}"))
     if math.isclose(ratio, -1.0, rel_tol=1e-6):
         return "-1", "a sign is wrong"
+    if ratio == 0 or math.isclose(ratio, 1.0, rel_tol=1e-6):
+        return None  # right to 1e-6, or zero where it matters: no factor to name
     parts = round(1 / ratio)
     if parts >= 2 and math.isclose(ratio * parts, 1.0, rel_tol=1e-6):
         return (f"1/{parts}", f"a sum over {parts} values (the rows of the batch) taken as their "
@@ -134,9 +168,29 @@ def _read_ratio(ratio, head_dim, rows=None):
     if times >= 2 and times == rows and math.isclose(ratio, times, rel_tol=1e-6):
         return f"{times}", (f"a mean over {times} values (the rows of the batch) taken as their "
                             f"sum: the 1/{times} of the mean is missing")
+    for name, value in named:
+        for text, factor in ((name, value), (f"1/{name}", 1 / value)):
+            if math.isclose(ratio, factor, rel_tol=1e-6):
+                return f"{ratio:.6g} = {text}", f"a factor of {text} too many (or missing)"
     if times >= 2 and math.isclose(ratio, times, rel_tol=1e-6):
         return f"{times}", f"added {times} times"
-    return f"{ratio:.6g}", "a constant factor is wrong"
+    fraction = fractions.Fraction(ratio).limit_denominator(SMALL)
+    if abs(fraction.numerator) <= SMALL and math.isclose(ratio, fraction, rel_tol=1e-6):
+        return f"{fraction}", "a constant factor is wrong"
+    return None
+
+
+def _named(name, context):
+    """The numbers the layer holds that a gradient may be off by: its attributes (the
+    scale of attention, the p of dropout as 1/(1-p))."""
+    layer = context.module if name == "input" else context.owner(name)[2] or context.module
+    found = []
+    for attribute, value in vars(layer).items():
+        if isinstance(value, float) and value not in (0.0, 1.0):
+            found.append((f"self.{attribute}", value))
+            if attribute == "p" and value < 1:
+                found.append(("1/(1-p)", 1 / (1 - value)))
+    return found
 
 
 def _rows(context):
@@ -215,8 +269,8 @@ def _verdict(computed, expected, error, head_dim):
     ratio = constant_ratio(computed, expected)
     if ratio is None:
         return "wrong"
-    value, meaning = _read_ratio(ratio, head_dim)
-    return f"computed/expected = {value} ({meaning})"
+    read = read_ratio(ratio, head_dim)
+    return f"computed/expected = {read[0]} ({read[1]})" if read else "wrong"
 
 
 def _by_head(verdicts):
@@ -262,16 +316,46 @@ def _listed(indices):
 
 def _layer(name, computed, expected, context):
     """Invariants and terms of the checked layer's derivation, for its input gradient."""
-    module, x, dout = context.module, context.x, context.dout  # on the active backend
+    module = context.module
     if name != "input":
         return []
+    findings = []
     if isinstance(module, layers.LayerNorm):
-        return _layernorm(computed, expected, x, dout, module.weight.data, module.eps)
-    if isinstance(module, layers.GELU) and module.approximate == "none":
-        return _gelu(computed, expected, x, dout)
+        findings += _features_sum_to_zero(computed)
     if isinstance(module, SoftmaxCrossEntropy):
-        return _rows_sum_to_zero(computed)
-    return []
+        findings += _rows_sum_to_zero(computed)
+    formula = next((f for kind, f in FORMULAS if isinstance(module, kind)), None)
+    terms = _terms(module, context.x, context.dout)
+    missing = expected - computed
+    return findings + [f"the term {term} of {formula} is missing" for term, value in
+                       terms.items() if _same(missing, np.broadcast_to(to_host(value),
+                                                                       missing.shape))]
+
+
+FORMULAS = ((layers.LayerNorm, "dx = rstd * (g - mean(g) - xhat * mean(g * xhat))"),
+            (layers.GELU, "y' = Phi(x) + x * phi(x)"))
+
+
+def _terms(module, x, dout):
+    """The terms of a layer's input gradient by its derivation, computed on the active
+    backend from its input, the upstream gradient and its parameters: {label: value}."""
+    if isinstance(module, layers.LayerNorm):
+        xhat, rstd, _, _ = standardize(x, -1, module.eps)
+        g = dout * module.weight.data  # the gradient at xhat
+        return {"-rstd * mean(g)": -rstd * g.mean(axis=-1, keepdims=True),
+                "-rstd * xhat * mean(g * xhat)": -rstd * xhat * (g * xhat).mean(
+                    axis=-1, keepdims=True)}
+    if isinstance(module, layers.GELU) and module.approximate == "none":
+        return {"Phi(x)": dout * normal_cdf(x), "x * phi(x)": dout * x * normal_pdf(x)}
+    return {}
+
+
+def _features_sum_to_zero(computed):
+    sums = _row_sums(computed)
+    if sums is None:
+        return []
+    return [f"the input gradient must sum to zero over the features of each row (adding a "
+            f"constant to a row changes nothing) but its rows sum to up to {sums:.3g}"]
 
 
 def _rows_sum_to_zero(computed):
@@ -290,35 +374,3 @@ def _row_sums(computed):
     to zero, or None where every row does, to rounding."""
     sums = np.abs(computed.sum(axis=-1)).max()
     return sums if sums > CLOSE * np.abs(computed).max() * computed.shape[-1] else None
-
-
-def _layernorm(computed, expected, x, dout, gamma, eps):
-    """LayerNorm's invariant, and its terms computed on the active backend from its
-    input x, the upstream gradient and gamma."""
-    findings = []
-    sums = _row_sums(computed)
-    if sums is not None:
-        findings.append(f"the input gradient must sum to zero over the features of each row "
-                        f"(adding a constant to a row changes nothing) but its rows sum to up to "
-                        f"{sums:.3g}")
-    xhat, rstd, _, _ = standardize(x, -1, eps)
-    g = dout * gamma  # the gradient at xhat
-    terms = {"-rstd * mean(g)": -rstd * g.mean(axis=-1, keepdims=True),
-             "-rstd * xhat * mean(g * xhat)": -rstd * xhat * (g * xhat).mean(axis=-1,
-                                                                             keepdims=True)}
-    return findings + _missing_terms(computed, expected, terms,
-                                     "dx = rstd * (g - mean(g) - xhat * mean(g * xhat))")
-
-
-def _gelu(computed, expected, x, dout):
-    """GELU's two terms, computed on the active backend from its input x."""
-    terms = {"Phi(x)": dout * normal_cdf(x), "x * phi(x)": dout * x * normal_pdf(x)}
-    return _missing_terms(computed, expected, terms, "y' = Phi(x) + x * phi(x)")
-
-
-def _missing_terms(computed, expected, terms, formula):
-    """The term of ``formula`` whose absence explains the difference, if one does
-    (``terms`` on the active backend, the gradients on the host)."""
-    missing = expected - computed
-    return [f"the term {term} of {formula} is missing" for term, value in terms.items()
-            if _same(missing, np.broadcast_to(to_host(value), missing.shape))]

@@ -6,6 +6,7 @@ from ..models import ViT
 from ..models.hybrid import ConvStem, HybridEmbed
 from ..nn import conv, layers
 from ..nn.loss import SoftmaxCrossEntropy
+from .answer import said
 
 BACKPROP = "docs/backprop.md"
 # the section of docs/backprop.md that derives each layer's backward (isinstance: a fast
@@ -56,9 +57,16 @@ class GradCheckReport:
     """The per-tensor results of ``gradient_check``; ``str()`` prints them grouped by
     layer, with PASS or FAIL at ``tol`` and the findings under each failure."""
 
-    def __init__(self, checks, h, tol, module):
+    def __init__(self, checks, h, tol, module, search=None):
         self.checks, self.h, self.tol = checks, h, tol
         self.layers = dict(module.named_modules())
+        self.module = module
+        self.search = search  # the repair search's, where a gradient failed
+
+    @property
+    def fix(self):
+        """The repair search's ``Fix`` (None where it found none, or none ran)."""
+        return self.search.fix if self.search is not None else None
 
     @property
     def max_rel_err(self):
@@ -92,13 +100,29 @@ class GradCheckReport:
             for c in checks:
                 name = c.name[len(path) + 1:] if path else c.name
                 result = "PASS" if c.passed(self.tol) else "FAIL"
-                lines.append(f"  {result}  {name:<14}{str(c.shape):<14}rel_err {c.rel_err:.1e}  "
-                             f"worst {c.where}: {c.analytic:.6g} vs {c.numeric:.6g}")
+                measured = (f"rel_err {c.rel_err:.1e}  worst {c.where}: {c.analytic:.6g} vs "
+                            f"{c.numeric:.6g}") if c.problem is None else "not compared"
+                lines.append(f"  {result}  {name:<14}{str(c.shape):<14}{measured}")
                 lines += [f"        {finding}" for finding in c.findings]
+        lines += self._repair()
         passed = sum(c.passed(self.tol) for c in self.checks)
         lines.append(f"{passed} of {len(self.checks)} tensors passed (tol {self.tol:g}, "
                      f"h {self.h:g}; computed vs expected at the worst entry)")
         return "\n".join(lines)
+
+    def _repair(self):
+        """The fix the search found, or how far it looked."""
+        if self.search is None:
+            return []
+        if self.fix is not None:
+            return said(self.fix, self.search, section_of=self._section_of)
+        return [f"no edit of one or two lines makes every gradient right ({self.search.tried} "
+                f"tried in {self.search.seconds:.2f} s); what differs is measured under each "
+                "failing gradient"]
+
+    def _section_of(self, edit):
+        layers = [m for m in edit.scope.selves if m is not None]
+        return section(layers[0] if layers else self.module)
 
     def assert_ok(self, tol=None):
         """Raise AssertionError, with the whole report, unless every tensor passes at

@@ -19,6 +19,7 @@ among them), in float64 on NumPy, and again on CuPy where a GPU is present:
 ``check`` records each result in the workbook's progress file, for ``learn status``.
 """
 
+import dataclasses
 import importlib.util
 import inspect
 import json
@@ -41,8 +42,11 @@ from ..backend import (
 )
 from ..backend import rng as device_rng
 from ..gradcheck import gradient_check
+from ..gradcheck.answer import said
 from ..gradcheck.check import compare, doubled
-from ..gradcheck.diagnose import NO_PATTERN, Context, diagnose
+from ..gradcheck.diagnose import Context, diagnose
+from ..gradcheck.repair import Probe, measure, search
+from ..gradcheck.source import NotEditable, Source
 from ..nn.conv import col2im
 from . import harness
 from .exercises import EXERCISES, by_name, derivation
@@ -145,12 +149,14 @@ def _check_case(ex, yours, case, where):
     theirs, _, their_before = case(ex.reference)
     where = f"exercise {ex.number} ({ex.title}), {where}, input {_shapes(inputs)}"
     dout = _upstream(mine, inputs, before_forward)
-    computed = _backward(ex, mine, inputs, before_forward, dout, where)  # stages 1 and 2
-    _accumulates(ex, mine, inputs, before_forward, dout, computed, where)  # stage 3
     expected = _backward(ex, theirs, inputs, their_before, dout, where, learner=False)
-    against = _Against(ex, computed, expected, Context(mine, inputs[0], dout))
+    repair = _Repair(ex, yours, mine, inputs, before_forward, dout,
+                     {**expected, **_intermediate_grads(theirs)})
+    computed = _backward(ex, mine, inputs, before_forward, dout, where, repair=repair)  # 1, 2
+    _accumulates(ex, mine, inputs, before_forward, dout, computed, where, repair)  # stage 3
+    against = _Against(ex, computed, expected, Context(mine, inputs[0], dout), repair)
     _invariants(ex, computed, against, where)  # stage 4
-    _intermediates(ex, mine, theirs, where)  # stage 5, then every gradient
+    _intermediates(ex, mine, theirs, where, repair)  # stage 5, then every gradient
     against.check(where)
     with _library_refused(ex):  # stage 6
         try:
@@ -162,7 +168,112 @@ def _check_case(ex, yours, case, where):
             raise ExerciseFailed(_paragraph(
                 ex, where, f"{_tensor(c.name)} disagrees with central differences (rel_err "
                 f"{c.rel_err:.1e} > {TOL:g}; worst at {c.where}: yours {c.analytic:.6g}, "
-                f"numeric {c.numeric:.6g})", c.findings))
+                f"numeric {c.numeric:.6g})", [*report._repair(), *c.findings]))
+
+
+class _Repair:
+    """The repair search on one case of an exercise, run once, at its first failure: the
+    learner's own code edited (tinyvit's is right), every candidate run on this case's
+    cached forward and upstream gradient against the library's gradients, a fix checked
+    on every case of the exercise before it is said."""
+
+    def __init__(self, ex, yours, module, inputs, before_forward, dout, expected):
+        self.ex, self.yours, self.expected = ex, yours, expected
+        self.module, self.inputs, self.before_forward, self.dout = (module, inputs,
+                                                                    before_forward, dout)
+        self._search = False  # not run yet
+
+    @property
+    def search(self):
+        """The ``Search`` (None where it could not run)."""
+        if self._search is False:
+            self._search = self._run()
+        return self._search
+
+    def _run(self):
+        def forward():
+            if self.before_forward:
+                self.before_forward()
+            return self.module.forward(*self.inputs)
+
+        self.wanted = [self._library(case) for case in self.ex.cases]
+        reference = _reference_tree(self.ex)  # read before the library's method is refused
+        with _library_refused(self.ex):
+            try:
+                probe = Probe(self.module, forward, self.dout, _intermediate_grads)
+            except Exception:  # the forward is the library's: it runs
+                return None
+            return search(probe, self.expected, SAME, own_only=True,
+                          reference=reference, verify=self._every_case)
+
+    def _library(self, case):
+        """The library's gradients on one case."""
+        theirs, inputs, their_before = case(self.ex.reference)
+        dout = _upstream(theirs, inputs, their_before)
+        return _plain_backward(theirs, inputs, their_before, dout)
+
+    def _every_case(self):
+        """Whether the code as it stands now passes every case of the exercise."""
+        for case, want in zip(self.ex.cases, self.wanted):
+            mine, inputs, before_forward = case(self.yours)
+            dout = _upstream(mine, inputs, before_forward)
+            try:
+                got = _plain_backward(mine, inputs, before_forward, dout)
+                once = {n: p.grad.copy() for n, p in mine.named_parameters()}
+                if before_forward:
+                    before_forward()
+                mine.forward(*inputs)
+                mine.backward(dout)
+            except Exception:
+                return False
+            if any(not doubled(p.grad, once[n]) for n, p in mine.named_parameters()):
+                return False
+            outcome = measure(got, want)
+            if outcome is None or not outcome.passes(SAME):
+                return False
+        return True
+
+    def lines(self):
+        """The fix, said, or nothing where none was found."""
+        found = self.search
+        if found is None or found.fix is None:
+            return []
+        return said(found.fix, found, _derivations(self.ex),
+                    section_of=lambda edit: derivation(self.ex.section))
+
+
+def _plain_backward(module, inputs, before_forward, dout):
+    """{"input": dx, each parameter's gradient, the intermediates'} of one forward and
+    backward from zero gradients."""
+    module.zero_grad()
+    if before_forward:
+        before_forward()
+    module.forward(*inputs)
+    grads = {"input": module.backward(dout)}
+    grads.update((n, p.grad.copy()) for n, p in module.named_parameters())
+    grads.update(_intermediate_grads(module))
+    return grads
+
+
+def _intermediate_grads(module):
+    """The gradients of the intermediates a layer keeps (exercise 8's), named d + name."""
+    kept = getattr(module, "intermediate_grads", None)
+    return {f"d{name}": value for name, value in kept.items()} if isinstance(kept, dict) else {}
+
+
+def _reference_tree(ex):
+    """The tree of the library's own code for the exercise (None where it cannot be read)."""
+    target = getattr(ex.reference, ex.method) if ex.method else ex.reference
+    try:
+        return Source(target).tree
+    except NotEditable:
+        return None
+
+
+def _derivations(ex):
+    """The docstrings that state the exercise's formulas: its reference's and its forward's."""
+    target = getattr(ex.reference, ex.method) if ex.method else ex.reference
+    return [d for d in (target.__doc__, getattr(ex.forward, "__doc__", None)) if d]
 
 
 def _upstream(module, inputs, before_forward):
@@ -170,13 +281,14 @@ def _upstream(module, inputs, before_forward):
     if before_forward:
         before_forward()
     y = module.forward(*inputs)
-    return 1.0 if y.ndim == 0 else device_rng((7, 1)).standard_normal(y.shape)
+    draw = device_rng((7, 1)).standard_normal(y.shape)  # a loss's: a number other than 1
+    return float(draw) if y.ndim == 0 else draw
 
 
-def _backward(ex, module, inputs, before_forward, dout, where, learner=True):
+def _backward(ex, module, inputs, before_forward, dout, where, learner=True, repair=None):
     """{"input": dx, parameter name: its gradient} of one forward and backward from
     zero gradients (copies, on the active backend); the learner's exceptions become
-    paragraphs."""
+    paragraphs, with the fix where the repair search finds one."""
     __tracebackhide__ = True  # pytest shows the paragraph, not these frames
     module.zero_grad()
     if on_cpu():
@@ -194,22 +306,37 @@ def _backward(ex, module, inputs, before_forward, dout, where, learner=True):
     except CallsLibrary:
         raise ExerciseFailed(_paragraph(ex, where, _calls_library(ex))) from None
     except WrongShape as error:
-        raise ExerciseFailed(_paragraph(ex, where, str(error))) from None
+        raise ExerciseFailed(_paragraph(ex, where, str(error), _fix(repair))) from None
     except Exception as error:  # the learner's code, any mistake: said where it is
-        raise ExerciseFailed(_paragraph(ex, where, _raised(error))) from None
+        raise ExerciseFailed(_paragraph(ex, where, _raised(error), _fix(repair))) from None
     computed = {"input": dx}
     computed.update((name, p.grad) for name, p in module.named_parameters())
     shapes = {"input": inputs[0].shape, **{n: p.data.shape for n, p in module.named_parameters()}}
     for name, value in computed.items():  # stage 2
         shape = getattr(value, "shape", None)
         if shape != shapes[name]:
-            raise ExerciseFailed(_paragraph(ex, where, _wrong_shape(name, shape, shapes[name])))
+            raise ExerciseFailed(_paragraph(ex, where, _wrong_shape(name, shape, shapes[name]),
+                                            _fix(repair)))
         if not is_array(value):
             raise ExerciseFailed(_paragraph(
                 ex, where, f"{_tensor(name)} is a {type(value).__module__}."
                 f"{type(value).__name__}, not an array of the active backend "
                 f"({get_backend()}): compute it with xp (tinyvit.backend.xp), not numpy"))
+        if learner and value.dtype != inputs[0].dtype:
+            raise ExerciseFailed(_paragraph(
+                ex, where, f"{_tensor(name)} is {value.dtype}, not {inputs[0].dtype} like the "
+                "input and the parameters: an array made with another dtype, or converted, on "
+                "the way", _fix(repair)))
+        if learner and not bool(xp.isfinite(value).all()):
+            raise ExerciseFailed(_paragraph(
+                ex, where, f"{_tensor(name)} has entries that are not finite (nan or inf): a "
+                "division by zero or an overflow on the way", _fix(repair)))
     return {name: value.copy() for name, value in computed.items()}
+
+
+def _fix(repair):
+    """The lines of the fix the repair search finds, if it runs and finds one."""
+    return repair.lines() if repair is not None else []
 
 
 def _calls_library(ex):
@@ -218,7 +345,7 @@ def _calls_library(ex):
             "which would pass without a line of yours: compute the gradients yourself")
 
 
-def _accumulates(ex, module, inputs, before_forward, dout, once, where):
+def _accumulates(ex, module, inputs, before_forward, dout, once, where, repair):
     __tracebackhide__ = True  # pytest shows the paragraph, not these frames
     if before_forward:
         before_forward()
@@ -234,7 +361,7 @@ def _accumulates(ex, module, inputs, before_forward, dout, once, where):
                 "without zero_grad left it as it was instead of doubling it (at "
                 f"{tuple(int(i) for i in at)}: {one[at]:.6g} after one backward, {two[at]:.6g} "
                 f"after two, where {2 * one[at]:.6g} was due); add to it (param.grad += ...), "
-                "so that gradients from several uses sum"))
+                "so that gradients from several uses sum", _fix(repair)))
 
 
 def _invariants(ex, computed, against, where):
@@ -248,7 +375,7 @@ def _invariants(ex, computed, against, where):
             raise ExerciseFailed(_paragraph(ex, where, f"{what}: {why}", against.findings()))
 
 
-def _intermediates(ex, mine, theirs, where):
+def _intermediates(ex, mine, theirs, where, repair):
     """The gradient of every intermediate the exercise keeps, against the library's:
     a "Becoming a backprop ninja" table, and a failure at the first that differs."""
     __tracebackhide__ = True  # pytest shows the paragraph, not these frames
@@ -266,13 +393,13 @@ def _intermediates(ex, mine, theirs, where):
         value, want = to_host(ours[name]), to_host(library[name])
         if getattr(value, "shape", None) != want.shape:
             raise ExerciseFailed(_paragraph(ex, where, _wrong_shape(f"d{name}", getattr(
-                value, "shape", None), want.shape)))
+                value, "shape", None), want.shape), _fix(repair)))
         row, close = _cmp(f"d{name}", value, want, 6)
         rows.append(row)
         if not close:
             raise ExerciseFailed(_paragraph(ex, where, f"d{name} differs from the library's "
                                             "(each intermediate's gradient, the last step "
-                                            "first):", rows))
+                                            "first):", [*_fix(repair), *rows]))
 
 
 def _cmp(label, value, want, width):
@@ -289,8 +416,8 @@ class _Against:
     """The learner's gradients against the library's, on the same input and upstream
     gradient: the check of stage 5, and the findings a broken invariant adds."""
 
-    def __init__(self, ex, computed, expected, context):
-        self.ex, self.context = ex, context
+    def __init__(self, ex, computed, expected, context, repair):
+        self.ex, self.context, self.repair = ex, context, repair
         self.names = [*list(computed)[1:], "input"]  # the parameters' first, as a backward ends
         self.host = {name: (to_host(computed[name]), to_host(expected[name]))
                      for name in self.names}
@@ -302,19 +429,18 @@ class _Against:
         return self.checks[name].rel_err > SAME
 
     def diagnosis(self, name):
-        """The exercise's own findings, then the gradient check's (its "no simple
-        pattern" only where nothing else was found)."""
+        """The exercise's own findings, then the gradient check's."""
         yours, library = self.host[name]
         own = SPECIFIC.get(self.ex.name, lambda *_: [])(self.context, yours, library)
-        found = diagnose(self.checks[name], yours, library, self.context, SAME)
-        return own + [f for f in found if not (own and f.startswith(NO_PATTERN))]
+        context = dataclasses.replace(self.context, search=self.repair.search)
+        return own + diagnose(self.checks[name], yours, library, context, SAME)
 
     def findings(self):
-        """Where the gradients part from the library's, for a broken invariant: each
-        differing gradient's diagnosis by name, then the table."""
+        """Where the gradients part from the library's, for a broken invariant: the fix,
+        each differing gradient's diagnosis by name, then the table."""
         found = [f"{_tensor(name)}: {finding}" for name in self.names if self.differs(name)
-                 for finding in self.diagnosis(name) if finding != NO_PATTERN]
-        return [*found, "yours against the library's:", *self.table]
+                 for finding in self.diagnosis(name)]
+        return [*self.repair.lines(), *found, "yours against the library's:", *self.table]
 
     def check(self, where):
         """Stage 5: a failure at the first gradient that differs from the library's."""
@@ -325,7 +451,8 @@ class _Against:
                     self.ex, where, f"{_tensor(name)} differs from the library's (rel_err "
                     f"{c.rel_err:.1e}; worst at {c.where}: yours {c.analytic:.6g}, the "
                     f"library's {c.numeric:.6g})",
-                    [*self.diagnosis(name), "yours against the library's:", *self.table]))
+                    [*self.repair.lines(), *self.diagnosis(name), "yours against the library's:",
+                     *self.table]))
 
 
 # -- shapes ----------------------------------------------------------------------------------

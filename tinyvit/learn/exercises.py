@@ -79,24 +79,30 @@ def _layernorm(make, shape):
     return jitter(make(shape[-1])), (randn(*shape),), None
 
 
-def _attention(make, shape):
-    return jitter(make(shape[-1], 2, rng=host_rng(0))), (randn(*shape),), None
+def _attention(make, shape, heads=2, attn_dropout=0.0, proj_dropout=0.0):
+    layer = jitter(make(shape[-1], heads, attn_dropout=attn_dropout, proj_dropout=proj_dropout,
+                        rng=host_rng(0)))
+    return layer, (randn(*shape),), seeded_dropout(layer)
 
 
-def _mlp(make, shape):
-    return jitter(make(shape[-1], 2 * shape[-1], rng=host_rng(0))), (randn(*shape),), None
+def _mlp(make, shape, dropout=0.0):
+    layer = jitter(make(shape[-1], 2 * shape[-1], dropout, rng=host_rng(0)))
+    return layer, (randn(*shape),), seeded_dropout(layer)
 
 
-def _block(make, shape):
-    return jitter(make(shape[-1], 2, 2.0, rng=host_rng(0))), (randn(*shape),), None
+def _block(make, shape, dropout=0.0):
+    layer = jitter(make(shape[-1], 2, 2.0, dropout=dropout, attn_dropout=dropout,
+                        rng=host_rng(0)))
+    return layer, (randn(*shape),), seeded_dropout(layer)
 
 
 TINY_VIT = dict(image_size=8, patch_size=4, in_channels=2, num_classes=3, embed_dim=8, depth=2,
                 num_heads=2)
 
 
-def _vit(make, batch, pool):
-    return jitter(make(**TINY_VIT, pool=pool)), (randn(batch, 2, 8, 8),), None
+def _vit(make, batch, pool, dropout=0.0):
+    model = jitter(make(**TINY_VIT, pool=pool, dropout=dropout, attn_dropout=dropout))
+    return model, (randn(batch, 2, 8, 8),), lambda: model.seed_dropout(5)
 
 
 def _loss(make, batch, classes, soft):
@@ -282,7 +288,10 @@ exercise 11. Return dq, dk, dv, shaped as q, k, v.""",
          "by the matmul rule (Y = X Z: dX = dY Z^T, dZ = X^T dY): dAd = dctx v^T, dv = Ad^T dctx; "
          "dA = dropout's backward of dAd; dS = softmax's backward of dA; S = (q k^T) scale: "
          "dq = dS k scale, dk = dS^T q scale"),
-        cases(_attention, (2, 5, 8), (1, 17, 8), (3, 1, 8)),
+        (lambda make: _attention(make, (2, 5, 8)),
+         lambda make: _attention(make, (1, 17, 12), heads=4, attn_dropout=0.3),
+         lambda make: _attention(make, (3, 1, 8)),
+         lambda make: _attention(make, (2, 6, 10), heads=2, attn_dropout=0.2)),
         (("tinyvit.nn.functional", "softmax_backward"),),
     ),
     Exercise(
@@ -323,7 +332,8 @@ dout: (B, N, D). Return dx (B, N, D).""",
         ("dout, the projection's input gradient and dx (B, N, D); the heads (B, NH, N, Dh)",
          "the forward's steps in reverse, each step's backward taking the gradient the next "
          "step's gave: proj_drop, proj, split the heads, attend_backward, merge q, k, v, qkv"),
-        cases(_attention, (2, 5, 8), (1, 17, 8)),
+        (lambda make: _attention(make, (2, 5, 8)),
+         lambda make: _attention(make, (1, 17, 12), heads=4, attn_dropout=0.2, proj_dropout=0.3)),
         (("tinyvit.nn.layers", "merge_qkv_grads"), ("tinyvit.nn.layers", "split_heads_grad")),
     ),
     Exercise(
@@ -334,7 +344,7 @@ with its backward. dout: (B, N, D). Return dx (B, N, D).""",
         ("(B, N, D) in and out; (B, N, Dm) between fc1 and fc2",
          "each layer's backward takes the gradient of its output and returns that of its "
          "input: call them from the last layer to the first"),
-        cases(_mlp, (2, 5, 8), (1, 3, 8)),
+        (lambda make: _mlp(make, (2, 5, 8)), lambda make: _mlp(make, (1, 3, 8), dropout=0.3)),
     ),
     Exercise(
         17, "block", "the encoder block", "vit", layers.Block, "backward", "MyBlock",
@@ -345,7 +355,7 @@ with its backward. dout: (B, N, D). Return dx (B, N, D).""",
 (B, N, D).""",
         ("(B, N, D) everywhere",
          "the two residual layers in reverse order: the MLP's first, then the attention's"),
-        cases(_block, (2, 5, 8), (1, 3, 8)),
+        (lambda make: _block(make, (2, 5, 8)), lambda make: _block(make, (1, 3, 8), dropout=0.2)),
     ),
     Exercise(
         18, "vit", "the model's own backward", "vit", ViT, "backward", "MyViT", ViT.forward,
@@ -367,7 +377,8 @@ dx (B, C, H, W). The pooling's derivation: """ + derivation("Pooling and the hea
          "pooling reads the mean of the patch tokens, so each gets dpooled / (N - 1); the "
          "class token and the position embedding were added to every image: their gradients "
          "are sums over the batch"),
-        (lambda make: _vit(make, 2, "cls"), lambda make: _vit(make, 1, "mean")),
+        (lambda make: _vit(make, 2, "cls"), lambda make: _vit(make, 1, "mean"),
+         lambda make: _vit(make, 2, "mean", dropout=0.2)),
         (("tinyvit.backend", "xp"),),
     ),
     Exercise(

@@ -1,0 +1,379 @@
+"""A fix, said: each edited line of the code as written and as the fix writes it, where it
+is (file, line, function), and one sentence of why, with the derivation's formula for
+what that line computes where a docstring states it.
+
+    line 394 of tinyvit/nn/layers.py (Attention.attend_backward):
+        dv = A.transpose(0, 1, 3, 2) @ dctx
+     -> dv = Ad.transpose(0, 1, 3, 2) @ dctx
+    the forward used Ad here, not A (ctx = Ad @ v); the derivation: dv = Ad^T dctx
+"""
+
+import ast
+import dataclasses
+import inspect
+import re
+import textwrap
+from pathlib import Path
+
+from .edits import walk
+from .trace import PACKAGE
+
+ONE_LINE = 100  # a change whose two sides fit in this many characters is one line
+
+
+@dataclasses.dataclass
+class Change:
+    """One statement of the code, as written and as the fix writes it."""
+
+    path: object
+    line: int
+    function: str
+    before: list  # its lines
+    after: list
+    edits: list  # the edits on it
+
+
+def changes(fix):
+    """The fix's edits grouped by the statement they write, as text of the user's own
+    lines, in the order of the file."""
+    grouped = {}
+    for edit in fix.edits:
+        grouped.setdefault((id(edit.source), edit.line), []).append(edit)
+    found = []
+    for group in sorted(grouped.values(), key=lambda g: (str(g[0].source.path), g[0].line)):
+        source = group[0].source
+        first = min(e.span()[0] for e in group)
+        last = max(e.span()[1] for e in group)
+        for edit in group:
+            edit.apply()
+        try:
+            after = _rendered(source, group, first, last)
+        finally:
+            for edit in reversed(group):
+                edit.revert()
+        before = [source.line(n) for n in range(first, last + 1)]
+        found.append(Change(source.path, first, source.name, before, after, group))
+    return found
+
+
+def said(fix, search, derivations=(), section_of=None):
+    """The lines that give ``fix``: a head, then per changed statement where it is, the two
+    versions and why. ``derivations``: docstrings that state formulas (the reference's);
+    ``section_of(edit)``: where the page derives the step an edit is in."""
+    lines = [f"the fix, found by trying {search.tried} edits of the code in "
+             f"{search.seconds:.2f} s (it makes every gradient right):"]
+    for change in changes(fix):
+        where = f"line {change.line} of {shown(change.path)} ({change.function})"
+        before = " ".join(line.strip() for line in change.before)
+        after = " ".join(line.strip() for line in change.after)
+        if len(before) + len(after) + len(where) + 6 <= ONE_LINE:
+            lines.append(f"  {where}: {before}  ->  {after}")
+        else:
+            lines.append(f"  {where}:")
+            lines.append(f"        {before}")
+            lines.append(f"     -> {after}")
+        lines.append(f"  {why(change, derivations)}")
+        section = section_of(change.edits[0]) if section_of else None
+        if section:
+            lines.append(f"  the derivation of this step: {section}")
+    return lines
+
+
+def shown(path):
+    """A file as a reader finds it: relative to the folder they are in, or to tinyvit's
+    checkout for tinyvit's own files."""
+    path = Path(path)
+    for root in (Path.cwd(), PACKAGE.parent):
+        try:
+            return path.resolve().relative_to(root.resolve()).as_posix()
+        except ValueError:
+            continue
+    return str(path)
+
+
+# -- the learner's line, rewritten -------------------------------------------------------------
+
+
+def _rendered(source, group, first, last):
+    """The lines ``first``..``last`` as the applied ``group`` writes them: the user's text
+    with each replaced expression written anew (checked to parse to the edited tree), or,
+    failing that, the statements written anew."""
+    lines = [source.line(n) for n in range(first, last + 1)]
+    spans = []
+    for edit in group:
+        for old, new, (parent, _, _) in zip(edit.old, edit.new, edit.slots):
+            if isinstance(old, (ast.expr, list)) and isinstance(new, (ast.expr, list)) \
+                    and old != [] and new != []:
+                spans.append((old, new, parent))
+            else:
+                return _anew(group, lines)
+    text = "\n".join(lines)
+    offsets = _offsets(lines)
+    for old, new, parent in sorted(spans, key=lambda s: _start(s[0]), reverse=True):
+        begin = offsets[_first(old).lineno - first] + _first(old).col_offset
+        finish = offsets[_last(old).end_lineno - first] + _last(old).end_col_offset
+        for written in _ways(new, parent, text, begin, finish):
+            attempt = written(text)
+            if _same_tree(attempt, group):
+                text = attempt
+                break
+        else:
+            return _anew(group, lines)
+    return text.splitlines()
+
+
+def _ways(new, parent, text, begin, finish):
+    """Ways to write ``new`` over text[begin:finish], plainest first."""
+    plain = ", ".join(ast.unparse(n) for n in new) if isinstance(new, list) else ast.unparse(new)
+    yield lambda t: t[:begin] + plain + t[finish:]
+    if text[begin - 1:begin] == "(" and text[finish:finish + 1] == ")":
+        yield lambda t: t[:begin - 1] + plain + t[finish + 1:]
+    yield lambda t: t[:begin] + f"({plain})" + t[finish:]
+
+
+def _anew(group, lines):
+    """The statements the applied ``group`` writes, each written anew (a statement the
+    fix takes away, left out)."""
+    indent = lines[0][:len(lines[0]) - len(lines[0].lstrip())]
+    statements = []
+    for edit in group:
+        statements += [s for s in edit.statements() if all(s is not t for t in statements)
+                       and not isinstance(s, ast.Pass)]
+    return [indent + line for s in statements for line in ast.unparse(s).splitlines()]
+
+
+def _first(old):
+    return old[0] if isinstance(old, list) else old
+
+
+def _last(old):
+    return old[-1] if isinstance(old, list) else old
+
+
+def _start(old):
+    node = _first(old)
+    return (node.lineno, node.col_offset)
+
+
+def _offsets(lines):
+    offsets, total = [], 0
+    for line in lines:
+        offsets.append(total)
+        total += len(line) + 1
+    return offsets
+
+
+def _same_tree(text, group):
+    """Whether ``text`` parses to the statements the applied ``group`` writes."""
+    statements = []
+    for edit in group:
+        statements += [s for s in edit.statements() if all(s is not t for t in statements)]
+    try:
+        parsed = ast.parse(textwrap.dedent(text)).body
+    except SyntaxError:
+        return False
+    return [_dump(s) for s in parsed] == [_dump(s) for s in statements]
+
+
+def _dump(node):
+    return ast.dump(node, annotate_fields=False, include_attributes=False)
+
+
+# -- why ---------------------------------------------------------------------------------------
+
+
+def why(change, derivations=()):
+    """One sentence: what each edit on the line does, said as the derivation says it."""
+    reasons = []
+    for edit in change.edits:
+        reason = REASONS[edit.rule](edit)
+        if reason not in reasons:
+            reasons.append(reason)
+    formula = _formula(change.edits[0], derivations)
+    return "; ".join(reasons) + (f"; the derivation: {formula}" if formula else "")
+
+
+def _text(node):
+    return ast.unparse(node) if isinstance(node, ast.AST) else str(node)
+
+
+def _name_reason(edit):
+    was, now = edit.detail["was"], edit.detail["now"]
+    used = _where_used(edit, now)
+    return (f"{now}, not {was}, is what the forward used here"
+            + (f" ({used})" if used else "") if used else
+            f"{now} in place of {was}, which has the same shape")
+
+
+def _where_used(edit, name):
+    """A line of the layer's forward (or of the function) that reads ``name``'s value in
+    its own terms: ctx = Ad @ v for Ad."""
+    for tree in _forward_trees(edit):
+        for statement in ast.walk(tree):
+            if isinstance(statement, (ast.Assign, ast.Return)) and statement.value is not None:
+                if any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(
+                        statement.value)) and not _is_cache(statement):
+                    return _one_line(statement)
+    return None
+
+
+def _forward_trees(edit):
+    layers = [m for m in edit.scope.selves if m is not None]
+    trees = []
+    for layer in layers[:1]:
+        for klass in type(layer).__mro__:
+            for name, value in vars(klass).items():
+                if inspect.isfunction(value) and not name.endswith("backward"):
+                    try:
+                        source = inspect.getsource(value)
+                        trees.append(ast.parse(textwrap.dedent(source)))
+                    except (OSError, TypeError, SyntaxError):
+                        continue
+    return trees
+
+
+def _is_cache(statement):
+    return any(isinstance(t, ast.Attribute) and t.attr == "cache"
+               for t in getattr(statement, "targets", []))
+
+
+def _one_line(statement):
+    if isinstance(statement, ast.Return):
+        return f"returns {ast.unparse(statement.value)}"
+    return ast.unparse(statement)
+
+
+def _reduction_reason(edit):
+    what = edit.detail.get("what")
+    if what == "axis":
+        axes = edit.detail["axes"]
+        return (f"the sum runs over axis {axes}: every axis along which the forward used the "
+                "same value (broadcast it), and no other") if axes is not None else (
+            "the sum runs over every axis")
+    if what == "keepdims":
+        return ("keepdims=True keeps the summed axes as length 1, so the result lines up with "
+                "the rows it is combined with" if edit.detail["keep"] else
+                "without keepdims, the summed axes go, as the shape it is added to has them")
+    if edit.detail["now"] == "sum":
+        return ("a value used by every row takes the sum of their gradients, not their mean")
+    return "the forward takes a mean here, so each entry gets 1/n of the gradient"
+
+
+def _factor_reason(edit):
+    what = edit.detail.get("what")
+    factor = _text(edit.detail.get("factor", ""))
+    if what == "added":
+        op = edit.new[0].op if isinstance(edit.new[0], ast.BinOp) else None
+        verb = "divided" if isinstance(op, ast.Div) else "multiplied"
+        return (f"by the chain rule the gradient is {verb} by {factor}, as the value was on "
+                "its way forward")
+    if what == "removed":
+        return f"{factor} is not a factor of this gradient"
+    return "a division where the derivation multiplies (or the other way round)"
+
+
+def _transpose_reason(edit):
+    if edit.detail.get("what") == "swapped":
+        return ("the operands in the order of the matmul rule: Y = X Z gives dX = dY Z^T "
+                "and dZ = X^T dY")
+    return "by the matmul rule, Y = X Z gives dX = dY Z^T and dZ = X^T dY"
+
+
+def _swap_reason(edit):
+    first, second = edit.detail["first"], edit.detail["second"]
+    return f"{second} and {first} in the other order"
+
+
+def _order_reason(edit):
+    if edit.detail.get("what") == "reversed":
+        return "a backward calls its layers' backward passes in the reverse order of the forward"
+    return ("each step's backward needs the gradient of the step after it: the reverse order "
+            "of the forward")
+
+
+def _accumulate_reason(edit):
+    if edit.detail.get("now") == "+=":
+        return ("gradients add up (+=): a value used several times, or a parameter over "
+                "several backward passes, collects the sum of every share")
+    return "this value is written once here, not added to"
+
+
+REASONS = {
+    "accumulate": _accumulate_reason,
+    "sign": lambda edit: "the other sign",
+    "drop": lambda edit: "this term is not part of the derivation",
+    "name": _name_reason,
+    "transpose": _transpose_reason,
+    "axes": lambda edit: (f"the axes in the order that undoes the forward's "
+                          f"{edit.detail.get('what', 'transpose')}"),
+    "reduction": _reduction_reason,
+    "factor": _factor_reason,
+    "constant": lambda edit: f"{edit.detail['now']} where it says {edit.detail['was']}",
+    "index": lambda edit: "the entries the forward read",
+    "swap": _swap_reason,
+    "order": _order_reason,
+    "discarded": lambda edit: ("the value of this call was thrown away; it is a share of the "
+                               "gradient: a value used twice collects both gradients"),
+    "backward": lambda edit: (f"self.{edit.detail['layer']}'s forward ran, so its backward "
+                              "must run too: the gradient passes through it"),
+    "call": lambda edit: (f"{edit.detail['function']} applied, as the forward applies it"
+                          if edit.detail["what"] == "applied" else
+                          f"{edit.detail['function']} is not applied here"),
+    "term": lambda edit: f"the term {edit.detail['term']} belongs to this gradient",
+    "reference": lambda edit: f"{edit.detail['term']} is what tinyvit's own backward computes here",
+}
+
+
+# -- the derivation's formula ----------------------------------------------------------------
+
+
+SEGMENT = re.compile(r"\s{2,}|,\s+(?=d\w*\s*=)|\s+->\s+|;\s+")
+
+
+def _formula(edit, derivations):
+    """The formula a docstring gives for what ``edit``'s statement computes, or None."""
+    names = _targets(edit)
+    texts = [*derivations, *(_docstrings(edit))]
+    for name in names:
+        for text in texts:
+            for line in (text or "").splitlines():
+                for segment in SEGMENT.split(line.strip()):
+                    if re.match(rf"{re.escape(name)}\s*=\s*\S", segment):
+                        return segment.strip().rstrip(",.")
+    return None
+
+
+def _docstrings(edit):
+    found = [edit.source.function.__doc__]
+    for layer in [m for m in edit.scope.selves if m is not None][:1]:
+        for klass in type(layer).__mro__:
+            found += [getattr(v, "__doc__", None) for v in vars(klass).values()
+                      if inspect.isfunction(v)]
+    return [d for d in found if d]
+
+
+def _targets(edit):
+    """The names a derivation may give what the edited statement computes: dv for
+    ``dv = ...``, dW for ``self.weight.grad += ...``, dx for a backward's return."""
+    statement = edit.statement
+    if isinstance(statement, (ast.Assign, ast.AugAssign)):
+        target = statement.targets[0] if isinstance(statement, ast.Assign) else statement.target
+        while isinstance(target, ast.Subscript):
+            target = target.value
+        if isinstance(target, ast.Name):
+            return [target.id]
+        if isinstance(target, ast.Attribute) and target.attr == "grad":
+            owner = target.value.attr if isinstance(target.value, ast.Attribute) else ""
+            return {"weight": ["dW", "dgamma"], "bias": ["db", "dbeta"]}.get(
+                owner, [f"d{owner}"])
+    if isinstance(statement, ast.Return) and statement.value is not None:
+        value = statement.value
+        if isinstance(value, ast.Tuple):
+            edited = [n for old in edit.old for n in walk(old)]
+            for item in value.elts:
+                if isinstance(item, ast.Name) and any(item is n for n in edited):
+                    return [item.id]
+        if isinstance(value, ast.Name):
+            return [value.id]
+        return ["dx", "dS"]
+    return []

@@ -1,0 +1,831 @@
+"""The error model: rewrite rules for array code, each an edit a learner's mistake may
+need to be undone, written once for any backward pass (none knows a layer or a bug).
+
+A rule looks at one node of a function's tree and proposes replacements for it:
+
+    sign         a + b for a - b and back, -e for e, -= for +=
+    drop         a term of a sum or a difference left out
+    name         another name of the same shape in scope: A for Ad, x for xhat, q for k
+    transpose    a matmul operand transposed or not, the operands swapped
+    axes         the axes of a transpose, or the sizes of a reshape, in another order
+    reduction    sum for mean, another axis, keepdims
+    factor       a factor in scope (self.scale, rstd, the batch size, 2) removed or
+                 added, a division for a multiplication
+    constant     a number's sign, double or half, an integer one more or one less
+    index        :1 for 1:, 0 for :1, a neighbouring index
+    swap         two arguments of a call, two items of a tuple or list
+    accumulate   += for = on a gradient (or a slice) and back
+    call         an elementwise function (exp, log, sqrt, tanh) applied or removed
+    order        a loop over layers reversed, two statements in the other order
+    discarded    a call whose value was thrown away added where the next line needs it
+    backward     a layer's backward that is never called, called
+    term         a term added from the code around it (or the reference's)
+
+Each proposal is an ``Edit``: one or more slots of the tree (a node's field, or an
+item of a list field) and what goes there. ``apply`` puts it in, ``revert`` takes it
+out; the tree is edited in place and compiled (``Source.compile``) between the two.
+``cost`` orders the search: the mistakes learners make most, first.
+"""
+
+import ast
+import builtins
+import collections
+import copy
+import dataclasses
+import itertools
+
+from ..backend import is_array
+
+COSTS = {"accumulate": 0.5, "sign": 1.0, "name": 1.0, "transpose": 1.0, "reduction": 1.0,
+         "swap": 1.0, "order": 1.0, "factor": 1.5, "axes": 1.5, "index": 1.5,
+         "discarded": 1.5, "backward": 2.0, "drop": 2.0, "constant": 2.0, "call": 2.0,
+         "reference": 2.5, "term": 3.0}
+FAR = 1.5  # added to a rule's cost for its less likely proposals (a permutation of three
+#            or more axes, an axis a reduction rarely takes, an array as a factor)
+AXES = (0, 1, 2, 3, -1, -2, (0, 2, 3), (0, 1), (2, 3), (1, 2), None)
+FUNCTIONS = ("exp", "log", "sqrt", "tanh")  # xp's, applied to a name or taken off it
+MOST_PERMUTED = 6  # axes permuted in every order up to this many (720 orders)
+UNUSED = 1.5  # added to the cost of an edit that leaves an assigned name unused
+RIGHT = 1.0  # added to the cost of an edit of a statement the reference writes the same way
+
+
+@dataclasses.dataclass(eq=False)
+class Edit:
+    """One rewrite of a function's tree: ``slots`` [(parent, field, index)], each given its
+    node of ``new``; ``old`` keeps what was there."""
+
+    source: object  # the Source whose tree it edits
+    slots: list
+    new: list
+    rule: str
+    cost: float
+    detail: dict  # what the answer says of it: {"old": ..., "new": ...} and the like
+    line: int = 0  # the statement's line in the file
+    statement: object = None  # that statement
+    scope: object = None  # the Scope it was proposed in
+    owners: list = None  # the statement each slot is in (``statement`` for all by default)
+    old: list = dataclasses.field(default_factory=list)
+
+    def __post_init__(self):
+        self.owners = self.owners or [self.statement] * len(self.slots)
+        self.old = [_get(slot) for slot in self.slots]
+        self.touched = {id(n) for old in self.old for n in walk(old)}
+        self.keeps = all(any(o is n for n in walk(new)) for o, new in zip(self.old, self.new))
+
+    def statements(self):
+        """The statements the edit writes, as they stand (applied or not)."""
+        found = []
+        for slot, owner in zip(self.slots, self.owners):
+            statement = _get(slot) if isinstance(slot[0], _ListHolder) else owner
+            if all(statement is not s for s in found):
+                found.append(statement)
+        return found
+
+    def span(self):
+        """The first and last line of the statements it writes, as written."""
+        written = [old if isinstance(slot[0], _ListHolder) else owner
+                   for slot, old, owner in zip(self.slots, self.old, self.owners)]
+        return (min(s.lineno for s in written), max(s.end_lineno for s in written))
+
+    def apply(self):
+        for slot, new in zip(self.slots, self.new):
+            _set(slot, new)
+
+    def revert(self):
+        for slot, old in zip(self.slots, self.old):
+            _set(slot, old)
+
+    def clashes(self, other):
+        """Whether two edits cannot go in together: the same slot (or a whole list and an
+        item of it), or one inside a node the other replaces without keeping."""
+        for a, b in ((self, other), (other, self)):
+            for parent, _, _ in b.slots:
+                if id(parent) in a.touched and not a.keeps:
+                    return True
+                if any(parent is old for old in a.old):
+                    return True
+        for p, f, i in self.slots:
+            for q, g, j in other.slots:
+                if p is q and f == g and (i == j or i is None or j is None):
+                    return True
+        return False
+
+
+def walk(value):
+    """Every node of a node, or of a list of nodes."""
+    for item in value if isinstance(value, list) else [value]:
+        if isinstance(item, ast.AST):
+            yield from ast.walk(item)
+
+
+def _get(slot):
+    parent, field, index = slot
+    value = getattr(parent, field)
+    return value if index is None else value[index]
+
+
+def _set(slot, node):
+    parent, field, index = slot
+    if index is None:
+        setattr(parent, field, node)
+    else:
+        getattr(parent, field)[index] = node
+
+
+# -- what a rule may know ----------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Scope:
+    """What the trace says about a function: at each line, the local names and what they
+    held (``names(line)``: {name: [values]}); the numbers among ``self``'s attributes; the
+    layers below ``self`` whose backward ran in the forward's cache but is never called
+    here; subexpressions of other code (the reference's) offered as terms."""
+
+    names: object  # line -> {name: [values over the calls]}
+    attributes: dict = dataclasses.field(default_factory=dict)  # self's numbers
+    uncalled: tuple = ()  # attribute names of layers whose backward the code never calls
+    terms: tuple = ()  # expression nodes from elsewhere, offered as terms to add
+    selves: tuple = ()  # the layers the function ran as a method of
+    parameters: tuple = ()  # the attribute names of ``self``'s parameters
+    factors: frozenset = frozenset()  # what the layer's code multiplies or divides by
+    inputs: tuple = ()  # the names the function is given: its arguments, its cache's items
+    right: frozenset = frozenset()  # statements, as text, that the reference writes too
+
+    def arrays(self, line):
+        return {n: v for n, v in self.names(line).items() if all(is_array(a) for a in v)}
+
+    def numbers(self, line):
+        return {n: v for n, v in self.names(line).items()
+                if all(isinstance(a, (int, float)) for a in v)}
+
+    def shapes(self, line):
+        return {n: {tuple(a.shape) for a in v} for n, v in self.arrays(line).items()}
+
+
+# -- walking the tree -------------------------------------------------------------------------
+
+
+def statements(body):
+    """(statement, the list it is in, its index) for every statement of ``body``, nested
+    bodies included, the docstring and nested defs left out."""
+    for i, statement in enumerate(body):
+        if i == 0 and _is_docstring(statement):
+            continue
+        if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        yield statement, body, i
+        for field in ("body", "orelse", "finalbody"):
+            inner = getattr(statement, field, None)
+            if isinstance(inner, list) and inner and isinstance(inner[0], ast.stmt):
+                yield from statements(inner)
+
+
+def _is_docstring(statement):
+    return (isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant)
+            and isinstance(statement.value.value, str))
+
+
+def expressions(node):
+    """(expression, slot) of every expression below ``node``, not crossing into nested
+    statements or functions."""
+    for field, value in ast.iter_fields(node):
+        items = [(value, None)] if not isinstance(value, list) else [
+            (item, i) for i, item in enumerate(value)]
+        for item, index in items:
+            if isinstance(item, ast.expr) and not isinstance(item, ast.Lambda):
+                yield item, (node, field, index)
+                yield from expressions(item)
+            elif isinstance(item, (ast.keyword, ast.comprehension, ast.arg)):
+                yield from expressions(item)
+
+
+def term_slots(statement):
+    """The slots of the terms of a statement's value: the value itself (each item of a
+    returned tuple), and every operand of its sums, differences, products and quotients."""
+    if isinstance(statement, (ast.Assign, ast.AugAssign, ast.Return)) and statement.value:
+        roots = [(statement, "value", None)]
+        if isinstance(statement.value, ast.Tuple):
+            roots = [(statement.value, "elts", i) for i in range(len(statement.value.elts))]
+        for slot in roots:
+            yield from _operands(slot)
+
+
+def _operands(slot):
+    yield slot
+    node = _get(slot)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ARITHMETIC):
+        yield from _operands((node, "left", None))
+        yield from _operands((node, "right", None))
+    elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        yield from _operands((node, "operand", None))
+
+
+ARITHMETIC = (ast.Add, ast.Sub, ast.Mult, ast.Div)
+
+
+# -- the rules --------------------------------------------------------------------------------
+
+
+def edits(source, scope):
+    """Every single edit the error model proposes for ``source``'s tree, each once (two
+    rules that write the same statement give one edit)."""
+    found, holders = [], {}
+    for statement, body, index in statements(source.tree.body):
+        propose = _Proposer(source, scope, statement, found, holders)
+        propose.whole(body, index)
+        for node, slot in expressions(statement):
+            propose.expression(node, slot)
+        for slot in term_slots(statement):
+            propose.term(slot)
+    _leaving_unused(found, source.tree)
+    for edit in found:
+        if ast.unparse(edit.statement) in scope.right:
+            edit.cost += RIGHT
+    return _once(found)
+
+
+def _leaving_unused(found, tree):
+    """Make dearer the edits that take away the last use of a name the function assigns:
+    a fix that leaves a computed value unused routes around the mistake, not through it
+    (a name for another where the two happen to hold the same value on this input)."""
+    assigned = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)
+                and isinstance(n.ctx, ast.Store)}
+    loads = _loads(tree)
+    for edit in found:
+        gone = collections.Counter()
+        for old, new in zip(edit.old, edit.new):
+            gone.update(_loads(old))
+            gone.subtract(_loads(new))
+        if any(count > 0 and loads[name] - count <= 0 and name in assigned
+               for name, count in gone.items()):
+            edit.cost += UNUSED
+
+
+def _loads(value):
+    """How many times each name's value is read in ``value`` (a read of its .shape, .ndim,
+    .dtype or .size alone does not read its values)."""
+    shape_only = {id(n.value) for n in walk(value) if isinstance(n, ast.Attribute)
+                  and n.attr in ("shape", "ndim", "dtype", "size")}
+    return collections.Counter(n.id for n in walk(value) if isinstance(n, ast.Name)
+                               and isinstance(n.ctx, ast.Load) and id(n) not in shape_only)
+
+
+def _once(found):
+    """The edits whose statements read differently, the cheapest of each."""
+    kept = {}
+    for edit in sorted(found, key=lambda e: e.cost):
+        edit.apply()
+        try:
+            key = (edit.line, tuple(_text(old_or_parent) for old_or_parent in edit.statements()))
+        finally:
+            edit.revert()
+        kept.setdefault(key, edit)
+    return list(kept.values())
+
+
+def _text(node):
+    return ast.unparse(node) if isinstance(node, ast.AST) else repr(node)
+
+
+def _located(new, old):
+    ast.copy_location(new, old)
+    return ast.fix_missing_locations(new)
+
+
+def _name(identifier, like):
+    return _located(ast.Name(id=identifier, ctx=ast.Load()), like)
+
+
+def _number(value, like):
+    if isinstance(value, (int, float)) and value < 0:
+        return _located(ast.UnaryOp(op=ast.USub(), operand=ast.Constant(value=-value)), like)
+    return _located(ast.Constant(value=value), like)
+
+
+def _axes_node(axes, like):
+    if axes is None or isinstance(axes, int):
+        return _number(axes, like)
+    return _located(ast.Tuple(elts=[_number(a, like) for a in axes], ctx=ast.Load()), like)
+
+
+def _constant(node):
+    """The number a node writes (2, -1, 0.5), or None."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) \
+            and not isinstance(node.value, bool):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        inner = _constant(node.operand)
+        return None if inner is None else -inner
+    return None
+
+
+def _axes_value(node):
+    """The axes an axis= argument writes (an int, a tuple of ints, None), or False."""
+    if isinstance(node, ast.Constant) and node.value is None:
+        return None
+    number = _constant(node)
+    if isinstance(number, int):
+        return number
+    if isinstance(node, ast.Tuple):
+        values = [_constant(e) for e in node.elts]
+        if all(isinstance(v, int) for v in values):
+            return tuple(values)
+    return False
+
+
+class _Proposer:
+    """The rules applied to one statement and its expressions, appending to ``found``."""
+
+    def __init__(self, source, scope, statement, found, holders):
+        self.source, self.scope, self.statement, self.found = source, scope, statement, found
+        self.holders = holders
+        self.line = statement.lineno
+
+    def at(self, body, index):
+        """The slot of statement ``index`` of ``body``."""
+        holder = self.holders.setdefault(id(body), _ListHolder(body))
+        return (holder, "items", index)
+
+    def add(self, rule, slots, new, extra=0.0, owners=None, **detail):
+        if not isinstance(slots, list):
+            slots, new = [slots], [new]
+        self.found.append(Edit(self.source, slots, new, rule, COSTS[rule] + extra, detail,
+                               self.line, self.statement, self.scope, owners))
+
+    # statements ------------------------------------------------------------------------
+
+    def whole(self, body, index):
+        s = self.statement
+        if isinstance(s, ast.Assign) and len(s.targets) == 1 and _accumulates(s.targets[0]):
+            self.add("accumulate", self.at(body, index), _located(
+                ast.AugAssign(target=s.targets[0], op=ast.Add(), value=s.value), s),
+                was="=", now="+=")
+        if isinstance(s, ast.AugAssign):
+            if isinstance(s.op, ast.Add) and _accumulates(s.target):
+                self.add("accumulate", self.at(body, index), _located(
+                    ast.Assign(targets=[s.target], value=s.value), s), was="+=", now="=")
+            if isinstance(s.op, (ast.Add, ast.Sub)):
+                op = ast.Sub() if isinstance(s.op, ast.Add) else ast.Add()
+                self.add("sign", self.at(body, index), _located(
+                    ast.AugAssign(target=s.target, op=op, value=s.value), s),
+                    extra=1.0 if isinstance(op, ast.Sub) else 0.0)  # gradients add up: += usual
+        if isinstance(s, ast.For):
+            self._reversed(s)
+        if index + 1 < len(body) and not isinstance(body[index + 1], (ast.Return,)):
+            following = body[index + 1]
+            if _movable(s) and _movable(following):
+                self.add("order", [self.at(body, index), self.at(body, index + 1)],
+                         [following, s], first=following.lineno)
+        if isinstance(s, ast.Expr) and isinstance(s.value, ast.Call):
+            self._discarded(body, index)
+
+    def _reversed(self, loop):
+        it = loop.iter
+        if isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id == "reversed" \
+                and len(it.args) == 1:
+            self.add("order", (loop, "iter", None), it.args[0], what="reversed")
+        else:
+            self.add("order", (loop, "iter", None), _located(ast.Call(
+                func=ast.Name(id="reversed", ctx=ast.Load()), args=[it], keywords=[]), it),
+                what="reversed")
+
+    def _discarded(self, body, index):
+        """A call whose value is thrown away: its value is what a later statement lacks."""
+        call = body[index].value
+        for later in body[index + 1:index + 3]:
+            if isinstance(later, (ast.Return, ast.Assign, ast.AugAssign)) and later.value:
+                gone = _located(ast.Pass(), body[index])
+                plus = _located(ast.BinOp(left=later.value, op=ast.Add(), right=call),
+                                later.value)
+                slots = [self.at(body, index), (later, "value", None)]
+                self.add("discarded", slots, [gone, plus], owners=[None, later], how="added")
+                self.add("discarded", slots, [gone, call], extra=0.5, owners=[None, later],
+                         how="used")
+                return
+
+    # expressions -----------------------------------------------------------------------
+
+    def expression(self, node, slot):
+        if self.scope.terms:
+            self.reference(node, slot)
+        if isinstance(node, ast.BinOp):
+            self._binop(node, slot)
+        elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            self.add("sign", slot, node.operand)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+            self._names(node, slot)
+        elif isinstance(node, ast.Attribute) and node.attr == "T":
+            self.add("transpose", slot, node.value, extra=0.5, what="untransposed")
+        elif isinstance(node, ast.Call):
+            self._call(node, slot)
+        elif isinstance(node, ast.Subscript):
+            self._index(node)
+        elif isinstance(node, (ast.Tuple, ast.List)) and len(node.elts) >= 2:
+            defines = isinstance(node.ctx, ast.Store) or (
+                isinstance(slot[0], ast.Assign) and isinstance(slot[0].targets[0], ast.Tuple))
+            self._swaps(node, "elts", extra=1.0 if defines else 0.0)  # renames, in effect
+        number = _constant(node)
+        if number is not None and not (isinstance(node, ast.Constant) and isinstance(
+                slot[0], ast.UnaryOp)):
+            self._constants(node, slot, number)
+
+    def _binop(self, node, slot):
+        op = node.op
+        if isinstance(op, (ast.Add, ast.Sub)):
+            flipped = _located(ast.BinOp(left=node.left, op=ast.Sub() if isinstance(op, ast.Add)
+                                         else ast.Add(), right=node.right), node)
+            self.add("sign", slot, flipped)
+            if isinstance(op, ast.Sub):
+                self.add("sign", slot, _located(ast.BinOp(left=node.right, op=op,
+                                                          right=node.left), node))
+            self.add("drop", slot, node.left, kept="left")
+            right = node.right if isinstance(op, ast.Add) else _located(
+                ast.UnaryOp(op=ast.USub(), operand=node.right), node.right)
+            self.add("drop", slot, right, kept="right")
+        elif isinstance(op, ast.MatMult):
+            self.add("transpose", slot, _located(ast.BinOp(left=node.right, op=op,
+                                                           right=node.left), node),
+                     what="swapped")
+            for field in ("left", "right"):
+                self._transposed((node, field, None))
+        elif isinstance(op, (ast.Mult, ast.Div)):
+            for field, other in (("left", "right"), ("right", "left")):
+                if isinstance(op, ast.Div) and field == "left":
+                    continue  # a / f: f is the factor
+                kept = getattr(node, other)
+                self.add("factor", slot, kept, extra=-0.5 if _factor_like(getattr(node, field))
+                         else 0.5, what="removed", factor=getattr(node, field))
+            other_op = ast.Div() if isinstance(op, ast.Mult) else ast.Mult()
+            self.add("factor", slot, _located(ast.BinOp(left=node.left, op=other_op,
+                                                        right=node.right), node), what="op")
+        elif isinstance(op, ast.Pow):
+            pass  # its exponent is a constant, edited as one
+
+    def _transposed(self, slot):
+        """A matmul operand with its last two axes swapped, or no longer swapped."""
+        operand = _get(slot)
+        inner = _untransposed(operand)
+        if inner is not None:
+            self.add("transpose", slot, inner, what="untransposed")
+            return
+        shapes = self._shapes_of(operand)
+        if shapes and all(len(s) == 2 for s in shapes):
+            new = ast.Attribute(value=operand, attr="T", ctx=ast.Load())
+        else:
+            new = ast.Call(func=ast.Attribute(value=operand, attr="swapaxes", ctx=ast.Load()),
+                           args=[_number(-1, operand), _number(-2, operand)], keywords=[])
+        self.add("transpose", slot, _located(new, operand), what="transposed")
+
+    def _shapes_of(self, node):
+        """The shapes a name, or an attribute of ``self`` (self.weight.data), held here."""
+        if isinstance(node, ast.Name):
+            return self.scope.shapes(self.line).get(node.id, set())
+        chain = []
+        while isinstance(node, ast.Attribute):
+            chain.append(node.attr)
+            node = node.value
+        if not (isinstance(node, ast.Name) and node.id == "self"):
+            return set()
+        shapes = set()
+        for value in self.scope.selves:
+            for attribute in reversed(chain):
+                value = getattr(value, attribute, None)
+            if is_array(value):
+                shapes.add(tuple(value.shape))
+        return shapes
+
+    def _names(self, node, slot):
+        arrays = self.scope.shapes(self.line)
+        if node.id in arrays:
+            for other, shapes in arrays.items():
+                if other != node.id and shapes & arrays[node.id]:
+                    self.add("name", slot, _name(other, node), was=node.id, now=other)
+            for function in FUNCTIONS:
+                self.add("call", slot, _located(ast.Call(func=ast.Attribute(
+                    value=ast.Name(id="xp", ctx=ast.Load()), attr=function, ctx=ast.Load()),
+                    args=[node], keywords=[]), node), extra=0.5, what="applied",
+                    function=f"xp.{function}")
+            return
+        numbers = self.scope.numbers(self.line)
+        if node.id in numbers:
+            for other, values in numbers.items():
+                if other != node.id and all(isinstance(v, int) for v in values):
+                    self.add("name", slot, _name(other, node), extra=1.0, was=node.id,
+                             now=other)
+
+    def _call(self, node, slot):
+        func = node.func
+        method = func.attr if isinstance(func, ast.Attribute) else None
+        if method in ("sum", "mean"):
+            self._reduction(node, slot, method)
+        elif method == "transpose" and len(node.args) >= 2:
+            self._permutations(node, "args", "transpose")
+        elif method == "reshape" and len(node.args) >= 2 and not any(
+                isinstance(a, ast.Starred) for a in node.args):
+            self._permutations(node, "args", "reshape")
+        elif method == "swapaxes" and len(node.args) == 2:
+            self._swapaxes(node)
+        if _untransposed(node) is None and len(node.args) >= 2 and method not in (
+                "transpose", "reshape", "swapaxes"):
+            self._swaps(node, "args")
+        inner = node.args[0] if len(node.args) == 1 else None
+        if isinstance(func, ast.Attribute) and isinstance(inner, ast.Call) and len(
+                inner.args) == 1 and isinstance(inner.func, ast.Attribute):
+            swapped = ast.Call(func=inner.func, args=[ast.Call(
+                func=func, args=inner.args, keywords=node.keywords)], keywords=inner.keywords)
+            self.add("order", slot, _located(swapped, node), what="nested")
+        if method in FUNCTIONS and len(node.args) == 1 or (
+                isinstance(func, ast.Name) and len(node.args) == 1 and not node.keywords):
+            self.add("call", slot, node.args[0], what="removed", function=ast.unparse(func))
+
+    def _reduction(self, node, slot, method):
+        other = "mean" if method == "sum" else "sum"
+        self.add("reduction", slot, _located(ast.Call(
+            func=ast.Attribute(value=node.func.value, attr=other, ctx=ast.Load()),
+            args=node.args, keywords=node.keywords), node), was=method, now=other)
+        axis = [k for k in node.keywords if k.arg == "axis"]
+        keepdims = [k for k in node.keywords if k.arg == "keepdims"]
+        receiver_args = node.args  # x.sum(axis) or xp.sum(x, axis)
+        positional = 1 if (isinstance(node.func.value, ast.Name)
+                           and node.func.value.id in ("xp", "np", "cp")) else 0
+        current = False
+        if axis:
+            current = _axes_value(axis[0].value)
+        elif len(receiver_args) > positional:
+            current = _axes_value(receiver_args[positional])
+        elif not axis:
+            current = None
+        others = [k for k in node.keywords if k.arg != "axis"]
+        args = receiver_args[:positional]
+        for axes in AXES:
+            if current is not False and axes == current:
+                continue
+            keywords = others if axes is None else [ast.keyword(arg="axis", value=_axes_node(
+                axes, node)), *others]
+            extra = 0 if isinstance(axes, int) and axes in (0, 1, -1) else FAR / 2
+            self.add("reduction", slot, _located(ast.Call(
+                func=node.func, args=args, keywords=keywords), node), extra=0.5 + extra,
+                what="axis", axes=axes)
+        if keepdims:
+            kept = [k for k in node.keywords if k.arg != "keepdims"]
+            self.add("reduction", slot, _located(ast.Call(func=node.func, args=node.args,
+                                                          keywords=kept), node), extra=0.5,
+                     what="keepdims", keep=False)
+        else:
+            keep = ast.keyword(arg="keepdims", value=ast.Constant(value=True))
+            self.add("reduction", slot, _located(ast.Call(func=node.func, args=node.args,
+                                                          keywords=[*node.keywords, keep]), node),
+                     extra=0.5, what="keepdims", keep=True)
+
+    def _permutations(self, node, field, what):
+        items = getattr(node, field)
+        n = len(items)
+        if n > MOST_PERMUTED:
+            return
+        for order in itertools.permutations(range(n)):
+            if list(order) == list(range(n)):
+                continue
+            moved = sum(i != j for i, j in enumerate(order))
+            new = _located(ast.Call(func=node.func, args=[items[i] for i in order],
+                                    keywords=node.keywords), node)
+            self.add("axes", [(node, field, None)], [new.args], extra=0 if moved == 2 else FAR,
+                     what=what)
+
+    def _swapaxes(self, node):
+        pairs = [(-1, -2), (0, 1), (1, 2), (2, 3), (1, 3), (0, 2)]
+        current = tuple(_constant(a) for a in node.args)
+        for pair in pairs:
+            if set(pair) != set(current):
+                self.add("axes", [(node, "args", None)], [[_number(pair[0], node.args[0]),
+                                                          _number(pair[1], node.args[1])]],
+                         what="swapaxes")
+
+    def _swaps(self, node, field, extra=0.0):
+        items = getattr(node, field)
+        if any(isinstance(item, ast.Starred) for item in items):
+            return
+        for i, j in itertools.combinations(range(len(items)), 2):
+            swapped = list(items)
+            swapped[i], swapped[j] = items[j], items[i]
+            self.add("swap", [(node, field, None)], [swapped], extra=extra,
+                     first=ast.unparse(items[i]), second=ast.unparse(items[j]))
+
+    def _index(self, node):
+        """:1 for 1:, 0 for :1 and back, a neighbouring index."""
+        index = node.slice
+        elts = index.elts if isinstance(index, ast.Tuple) else [index]
+        field = (index, "elts") if isinstance(index, ast.Tuple) else (node, "slice")
+        for i, item in enumerate(elts):
+            slot = (field[0], field[1], i if isinstance(index, ast.Tuple) else None)
+            for new in _index_variants(item):
+                self.add("index", slot, _located(new, item))
+
+    def _constants(self, node, slot, number):
+        parent = slot[0]
+        if isinstance(parent, (ast.Subscript, ast.Slice, ast.keyword, ast.Tuple)) or (
+                isinstance(parent, ast.Call) and isinstance(parent.func, ast.Attribute)
+                and parent.func.attr in ("transpose", "reshape", "swapaxes")):
+            return  # indices and axes have rules of their own
+        values = [-number] if number else []
+        values += [2 * number, number / 2] if isinstance(number, float) else [number + 1,
+                                                                               number - 1]
+        for value in values:
+            if value != number:
+                self.add("constant", slot, _number(value, node), was=number, now=value)
+
+    # terms -----------------------------------------------------------------------------
+
+    def term(self, slot):
+        node = _get(slot)
+        if node is None:
+            return
+        self.add("sign", slot, _located(ast.UnaryOp(op=ast.USub(), operand=node), node),
+                 extra=0.5)
+        for factor, extra in self._factors():
+            for op in (ast.Mult(), ast.Div()):
+                self.add("factor", slot, _located(ast.BinOp(left=node, op=op, right=factor),
+                                                  node), extra=extra, what="added",
+                         factor=factor)
+        for layer in self.scope.uncalled:
+            call = _backward_call(layer, node)
+            self.add("backward", slot, call, layer=layer)
+            self.add("backward", slot, _located(ast.BinOp(left=node, op=ast.Add(), right=call),
+                                                node), extra=0.5, layer=layer)
+        for term in self._terms(node):
+            for op in (ast.Add(), ast.Sub()):
+                self.add("term", slot, _located(ast.BinOp(left=node, op=op, right=term), node),
+                         term=ast.unparse(term))
+
+    def _factors(self):
+        """(a factor node, the extra cost) for every factor in scope at this line: the
+        numbers among the names and ``self``'s attributes, 2, then the arrays (the names,
+        and the parameters of ``self``)."""
+        line, like = self.line, self.statement
+        found = [_name(name, like) for name in self.scope.numbers(line)]
+        found += [_self(like, attribute) for attribute in self.scope.attributes]
+        found += [_number(2, like), _number(3, like)]
+        found += [_size(name, axis, like) for name in self.scope.inputs
+                  if name in self.scope.arrays(line) for axis in (0, -1)]
+        arrays = [_name(name, like) for name in self.scope.arrays(line)]
+        arrays += [_self(like, attribute, "data") for attribute in self.scope.parameters]
+        return [(f, self._usual(f)) for f in found] + [(f, self._usual(f) + FAR / 2)
+                                                      for f in arrays]
+
+    def _usual(self, factor):
+        """No extra cost for a factor the layer's code multiplies or divides by somewhere
+        (the forward's self.scale), a little for one it does not (self.num_heads)."""
+        return 0.0 if ast.unparse(factor) in self.scope.factors else 0.5
+
+    def _terms(self, node):
+        """Terms to add at this line: the names in scope; the sums and products of this
+        function and of ``scope.terms`` (the reference's) whose names are all known here;
+        and each reduction of this function (a mean over the features) taken of another
+        name in scope."""
+        seen, found = {ast.unparse(node)}, []
+        arrays = list(self.scope.arrays(self.line))
+        candidates = [_name(n, node) for n in arrays]
+        own = [n for n in ast.walk(self.source.tree) if _is_term(n)]
+        candidates += own + list(self.scope.terms)
+        for reduction in [n for n in own + list(self.scope.terms) if _reduction(n)]:
+            for name in arrays:
+                candidates.append(_located(ast.Call(func=ast.Attribute(
+                    value=ast.Name(id=name, ctx=ast.Load()), attr=reduction.func.attr,
+                    ctx=ast.Load()), args=reduction.args, keywords=reduction.keywords),
+                    reduction))
+        for term in candidates:
+            text = ast.unparse(term)
+            if text not in seen and self.known(term):
+                seen.add(text)
+                found.append(copy.deepcopy(term))  # a copy: it may hold the slot it goes into
+        return found
+
+    def known(self, node):
+        """Whether every name ``node`` reads is bound here: a local in scope at this line,
+        self, or a global or builtin of the function's module."""
+        names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+        bound = set(self.scope.names(self.line)) | {"self"} | set(
+            self.source.function.__globals__) | set(dir(builtins))
+        return names <= bound
+
+    def reference(self, node, slot):
+        """The reference's expression of the same kind in place of this one (the same
+        function called, the same operator) where its names are known here."""
+        kind = _kind(node)
+        if kind is None:
+            return
+        text = ast.unparse(node)
+        for term in self.scope.terms:
+            if _kind(term) == kind and ast.unparse(term) != text and self.known(term):
+                self.add("reference", slot, term, term=ast.unparse(term))
+
+
+def _kind(node):
+    """What makes two expressions alike for the "reference" rule: the function a call
+    calls, the operator of an operation; None for names and numbers."""
+    if isinstance(node, ast.Call):
+        return ("call", ast.unparse(node.func) if not isinstance(node.func, ast.Attribute)
+                else node.func.attr)
+    if isinstance(node, ast.BinOp):
+        return ("op", type(node.op).__name__)
+    if isinstance(node, ast.Subscript):
+        return ("index", ast.unparse(node.value))
+    return None
+
+
+def _reduction(node):
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("sum", "mean"))
+
+
+def _is_term(node):
+    return isinstance(node, (ast.BinOp, ast.Call)) and not isinstance(
+        getattr(node, "op", None), ast.Pow)
+
+
+class _ListHolder:
+    """A statement list as a slot's parent (its ``items``), so that statements are edited
+    in the same way as expressions."""
+
+    def __init__(self, items):
+        self.items = items
+
+
+def _accumulates(target):
+    """Whether a target is one that gradients are added into: a .grad, or a slice."""
+    return (isinstance(target, ast.Attribute) and target.attr == "grad") or isinstance(
+        target, ast.Subscript)
+
+
+def _movable(statement):
+    return isinstance(statement, (ast.Assign, ast.AugAssign, ast.Expr))
+
+
+def _factor_like(node):
+    return isinstance(node, (ast.Name, ast.Attribute, ast.Constant)) or _constant(
+        node) is not None or isinstance(node, ast.Subscript)
+
+
+def _untransposed(node):
+    """``x`` for ``x.T``, ``x.swapaxes(-1, -2)`` or a ``transpose`` that swaps the last two
+    axes; else None."""
+    if isinstance(node, ast.Attribute) and node.attr == "T":
+        return node.value
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        values = [_constant(a) for a in node.args]
+        if node.func.attr == "swapaxes" and set(values) == {-1, -2}:
+            return node.func.value
+        if node.func.attr == "transpose" and len(values) >= 2 and None not in values:
+            n = len(values)
+            if values == [*range(n - 2), n - 1, n - 2]:
+                return node.func.value
+    return None
+
+
+def _index_variants(item):
+    if isinstance(item, ast.Slice) and item.step is None:
+        lower, upper = _constant(item.lower) if item.lower else None, (
+            _constant(item.upper) if item.upper else None)
+        if item.lower is None and upper is not None:
+            yield ast.Slice(lower=item.upper, upper=None)
+            if upper == 1:
+                yield ast.Constant(value=0)
+        if item.upper is None and lower is not None:
+            yield ast.Slice(lower=None, upper=item.lower)
+    number = _constant(item)
+    if isinstance(number, int):
+        for value in (number + 1, number - 1):
+            yield _number(value, item)
+        if number == 0:
+            yield ast.Slice(lower=None, upper=ast.Constant(value=1))
+
+
+def factors_in(trees):
+    """The text of every operand of a multiplication or a division in ``trees``."""
+    found = set()
+    for tree in trees:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Mult, ast.Div)):
+                found.update(ast.unparse(side) for side in (node.left, node.right))
+    return frozenset(found)
+
+
+def _size(name, axis, like):
+    """name.shape[axis] as a node: the size of one of its axes (the batch, the features)."""
+    shape = ast.Attribute(value=ast.Name(id=name, ctx=ast.Load()), attr="shape", ctx=ast.Load())
+    return _located(ast.Subscript(value=shape, slice=_number(axis, like), ctx=ast.Load()), like)
+
+
+def _self(like, *attributes):
+    """self.a.b... as a node."""
+    node = ast.Name(id="self", ctx=ast.Load())
+    for attribute in attributes:
+        node = ast.Attribute(value=node, attr=attribute, ctx=ast.Load())
+    return _located(node, like)
+
+
+def _backward_call(layer, argument):
+    func = ast.Attribute(value=ast.Attribute(value=ast.Name(id="self", ctx=ast.Load()),
+                                             attr=layer, ctx=ast.Load()),
+                         attr="backward", ctx=ast.Load())
+    return _located(ast.Call(func=func, args=[argument], keywords=[]), argument)

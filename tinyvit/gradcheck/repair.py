@@ -1,0 +1,388 @@
+"""The repair search: a wrong backward answered with the edit of its own code that makes it
+right (Singh, Gulwani and Solar-Lezama, "Automated Feedback Generation for Introductory
+Programming Assignments", PLDI 2013: an error model of rewrite rules, searched for the
+smallest correction that passes).
+
+1. The backward runs once under a trace (``trace.py``): which functions it called, the
+   names in scope at each line and their shapes, which layers' backward ran when.
+2. The error model (``edits.py``) proposes every single edit of those functions. They are
+   tried in order: the user's own code before tinyvit's, the code that ran just before
+   the first gradient that came out wrong before the rest, the cheaper rules first.
+3. Each candidate is compiled into the function object and run on the same cached
+   forward and the same upstream gradient (``Probe``): it is a fix when every gradient
+   passes the check and a second backward doubles the parameters' (they accumulate).
+4. No single edit: pairs of the edits that brought the gradients closer, then those with
+   any other edit, until the time is up.
+
+A fix is only returned once it passed; nothing is guessed.
+"""
+
+import ast
+import contextlib
+import copy
+import dataclasses
+import inspect
+import math
+import time
+import warnings
+
+from ..backend import is_array, xp
+from ..nn.module import Module, Parameter
+from .edits import Scope, edits, factors_in
+from .source import NotEditable, Source
+from .trace import in_tinyvit, trace
+
+BUDGET = 2.0  # seconds of search for one backward
+CLOSER = math.log(1.5)  # an edit that shrinks the error this much (in log) is promising
+MOST_PROMISING = 40  # the promising edits paired with every other edit, at most
+
+
+@dataclasses.dataclass
+class Outcome:
+    """A candidate's gradients against the expected ones: per tensor, the max-norm error
+    relative to the larger of the two (the check's rel_err) and to the expected alone."""
+
+    errors: dict  # name -> rel_err, as the check computes it
+    distance: float  # sum of log errors, relative to the expected: smaller is closer
+    doubled: bool = True
+
+    def passes(self, tol):
+        return self.doubled and all(e <= tol for e in self.errors.values())
+
+
+class Probe:
+    """A module after one forward, whose backward can run again and again on the same
+    cache and the same upstream gradient, each time from zero gradients."""
+
+    def __init__(self, module, forward, dout, outputs=None):
+        """``forward()`` runs the forward (with its dropout masks seeded); ``outputs(module)``
+        adds gradients kept elsewhere than ``.grad`` ({"dxhat": ...})."""
+        self.module, self.dout, self.outputs = module, dout, outputs
+        forward()
+        self.layers = [m for _, m in module.named_modules()]
+        self.caches = [copy.deepcopy(m.cache) for m in self.layers]
+        self.names = {id(p): name for name, p in module.named_parameters()}
+        self.data = [(p, p.data.copy()) for p in module.parameters()]
+
+    def restore(self):
+        for layer, cache in zip(self.layers, self.caches):
+            layer.cache = copy.deepcopy(cache)
+        for p, data in self.data:
+            if p.data is not data:
+                p.data[...] = data
+
+    def run(self):
+        """{"input": dx, each parameter's name: its gradient, and ``outputs``'s} of one
+        backward from zero gradients."""
+        self.start()
+        return self.backward()
+
+    def start(self):
+        """The cache of the forward back in every layer, every gradient zero."""
+        self.restore()
+        self.module.zero_grad()
+
+    def backward(self):
+        """The backward from where ``start`` left it, and the gradients it gives."""
+        dx = self.module.backward(self.dout)
+        grads = {"input": dx}
+        grads.update((self.names[id(p)], p.grad.copy()) for p in self.module.parameters())
+        if self.outputs:
+            grads.update(self.outputs(self.module))
+        return grads
+
+    def accumulates(self, once):
+        """Whether a second backward, without zero_grad, doubles every parameter's gradient."""
+        self.restore()
+        self.module.backward(self.dout)
+        for p in self.module.parameters():
+            first = once[self.names[id(p)]]
+            if float(xp.abs(p.grad - 2 * first).max()) > 1e-12 * float(xp.abs(first).max()):
+                return False
+        return True
+
+    def pending(self):
+        """The layers whose forward left a cache that the backward never took."""
+        return [m for m in self.layers if m.cache is not None]
+
+
+def measure(grads, expected):
+    """The ``Outcome`` of ``grads`` against ``expected`` ({name: array}); None when a
+    gradient is missing, of another shape or dtype, or not finite."""
+    errors, distance = {}, 0.0
+    for name, want in expected.items():
+        got = grads.get(name)
+        if not is_array(got) or got.shape != want.shape or got.dtype != want.dtype:
+            return None
+        diff = float(xp.abs(got - want).max()) if want.size else 0.0
+        if not math.isfinite(diff):
+            return None
+        top = float(xp.abs(want).max()) if want.size else 0.0
+        larger = max(top, float(xp.abs(got).max()) if got.size else 0.0)
+        errors[name] = diff / larger if larger > 0 else 0.0
+        distance += math.log(max(diff / top if top > 0 else diff, 1e-12))
+    return Outcome(errors, distance)
+
+
+# -- the search -------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Fix:
+    """The edits that make a backward right, as they apply to the code."""
+
+    edits: list
+    tried: int  # candidates run before it
+    seconds: float
+
+
+@dataclasses.dataclass
+class Search:
+    """What a search did: the fix, if one passed, and what it tried."""
+
+    fix: object  # a Fix or None
+    tried: int
+    seconds: float
+    trace: object  # the Trace of the backward as written
+    sources: list  # the functions it edited
+
+
+def search(probe, expected, tol, budget=BUDGET, own_only=False, reference=None, verify=None):
+    """Search edits of the code ``probe``'s backward runs for one that makes its gradients
+    match ``expected`` (each within ``tol``) and accumulate. ``own_only``: edit the code
+    outside tinyvit alone (the workbook's: the library's is right). ``reference``: the tree
+    of a right version of the code (the workbook's: the library's), whose expressions the
+    error model may put in, and whose statements are likely right where the code writes
+    them the same way. ``verify()``: a further check a fix must pass (the workbook's other
+    cases). Returns a ``Search``."""
+    started = time.perf_counter()
+    deadline = started + budget
+    probe.start()
+    grads, recorded = trace(probe.backward, own_only)
+    baseline = None if isinstance(grads, Exception) else measure(grads, expected)
+    pending = {id(m) for m in probe.pending()}
+    sources = recorded.sources
+    if own_only:
+        sources = [s for s in sources if not in_tinyvit(s.path)]
+    ranks = _ranks(recorded, sources, probe, baseline, tol)
+    singles = []
+    for source in sources:
+        scope = scope_of(recorded, source, pending, reference)
+        singles += edits(source, scope)
+    singles.sort(key=lambda e: (ranks[id(e.source)], e.cost, e.line))
+    tried = 0
+    promising = []
+    runner = _Runner(probe, expected, tol, verify)
+    for edit in singles:
+        if time.perf_counter() > deadline:
+            break
+        tried += 1
+        outcome = runner.outcome([edit])
+        if outcome is None:
+            continue
+        if runner.fixes([edit], outcome):
+            return Search(Fix([edit], tried, time.perf_counter() - started), tried,
+                          time.perf_counter() - started, recorded, sources)
+        if baseline is not None and outcome.distance < baseline.distance - CLOSER:
+            promising.append((outcome.distance, edit))
+    promising = [e for _, e in sorted(promising, key=lambda item: (item[0], item[1].cost))]
+    for first, second in _pairs(promising[:MOST_PROMISING], singles):
+        if time.perf_counter() > deadline:
+            break
+        tried += 1
+        outcome = runner.outcome([first, second])
+        if outcome is not None and runner.fixes([first, second], outcome):
+            return Search(Fix([first, second], tried, time.perf_counter() - started), tried,
+                          time.perf_counter() - started, recorded, sources)
+    return Search(None, tried, time.perf_counter() - started, recorded, sources)
+
+
+def _pairs(promising, singles):
+    """Two promising edits together first, then a promising one with any other, the
+    cheaper pairs first within each."""
+    seen = set()
+    for group in (promising, singles):
+        pairs = []
+        for i, first in enumerate(promising):
+            for second in group[i + 1:] if group is promising else group:
+                if first is second or first.clashes(second):
+                    continue
+                key = frozenset((id(first), id(second)))
+                if key not in seen:
+                    seen.add(key)
+                    pairs.append((first.cost + second.cost, i, first, second))
+        pairs.sort(key=lambda item: item[:2])
+        yield from ((first, second) for *_, first, second in pairs)
+
+
+class _Runner:
+    """Compiles a candidate into the functions, runs the probe, and puts the code back."""
+
+    def __init__(self, probe, expected, tol, verify):
+        self.probe, self.expected, self.tol, self.verify = probe, expected, tol, verify
+
+    def outcome(self, candidate):
+        for edit in candidate:
+            edit.apply()
+        try:
+            codes = {}
+            for edit in candidate:
+                codes.setdefault(id(edit.source), (edit.source, edit.source.compile()))
+            if any(code is None for _, code in codes.values()):
+                return None
+        except (SyntaxError, ValueError, TypeError):
+            return None
+        finally:
+            for edit in reversed(candidate):
+                edit.revert()
+        with _installed(list(codes.values())), _quiet():
+            try:
+                grads = self.probe.run()
+            except Exception:  # a candidate that does not run is no fix
+                return None
+            outcome = measure(grads, self.expected)
+            if outcome is not None and outcome.passes(self.tol):
+                try:
+                    outcome.doubled = self.probe.accumulates(grads)
+                except Exception:
+                    outcome.doubled = False
+            return outcome
+
+    def fixes(self, candidate, outcome):
+        """Whether the candidate passes here and wherever else ``verify`` checks it."""
+        if not outcome.passes(self.tol):
+            return False
+        if self.verify is None:
+            return True
+        with installed(Fix(candidate, 0, 0.0)), _quiet():
+            return self.verify()
+
+
+@contextlib.contextmanager
+def installed(fix):
+    """Within: the fix's edits compiled into the functions they edit."""
+    for edit in fix.edits:
+        edit.apply()
+    try:
+        codes = [(e.source, e.source.compile()) for e in _by_source(fix.edits)]
+    finally:
+        for edit in reversed(fix.edits):
+            edit.revert()
+    with _installed(codes):
+        yield
+
+
+@contextlib.contextmanager
+def _quiet():
+    """Within: a candidate's overflows and invalid values are not warned of."""
+    with warnings.catch_warnings(), xp.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        yield
+
+
+def _by_source(candidate):
+    seen, first = set(), []
+    for edit in candidate:
+        if id(edit.source) not in seen:
+            seen.add(id(edit.source))
+            first.append(edit)
+    return first
+
+
+class _installed:
+    """Within: each (source, code) installed."""
+
+    def __init__(self, codes):
+        self.contexts = [source.install(code) for source, code in codes]
+
+    def __enter__(self):
+        for context in self.contexts:
+            context.__enter__()
+
+    def __exit__(self, *exc):
+        for context in reversed(self.contexts):
+            context.__exit__(*exc)
+
+
+# -- what the search edits, and in which order ------------------------------------------------
+
+
+def scope_of(recorded, source, pending, reference=None):
+    """The ``Scope`` the error model sees for one function, from the trace."""
+    selves = [m for m in recorded.self_of(source.code) if m is not None]
+    attributes = {}
+    for layer in selves[:1]:
+        attributes = {name: value for name, value in vars(layer).items()
+                      if isinstance(value, (int, float)) and not isinstance(value, bool)}
+    uncalled = []
+    for layer in selves[:1]:
+        uncalled = [name for name, value in vars(layer).items()
+                    if isinstance(value, Module) and id(value) in pending]
+    parameters = [name for name, value in vars(selves[0]).items()
+                  if isinstance(value, Parameter)] if selves else []
+    terms, right = (), frozenset()
+    if reference is not None:
+        terms = tuple(n for n in ast.walk(reference) if isinstance(
+            n, (ast.Call, ast.BinOp, ast.Subscript)) and not _takes_cache(n))
+        right = frozenset(ast.unparse(n) for n in ast.walk(reference) if isinstance(n, ast.stmt))
+    return Scope(lambda line: recorded.scope(source.code, line), attributes, tuple(uncalled),
+                 terms, tuple(selves), tuple(parameters),
+                 factors_in([source.tree, *_class_trees(selves[:1])]), _inputs(source.tree),
+                 right)
+
+
+def _takes_cache(node):
+    return isinstance(node, ast.Call) and ast.unparse(node.func).endswith("_take_cache")
+
+
+def _inputs(tree):
+    """The names a function is given: its arguments, and what it unpacks from its cache."""
+    names = [a.arg for a in tree.args.args + tree.args.kwonlyargs if a.arg != "self"]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and _takes_cache(node.value):
+            for target in node.targets:
+                names += [n.id for n in ast.walk(target) if isinstance(n, ast.Name)]
+    return tuple(names)
+
+
+def _class_trees(selves):
+    """The trees of the methods of a layer's classes (its forward among them)."""
+    trees = []
+    for layer in selves:
+        for klass in type(layer).__mro__:
+            if klass in (Module, object):
+                break
+            for value in vars(klass).values():
+                if inspect.isfunction(value):
+                    try:
+                        trees.append(Source(value).tree)
+                    except NotEditable:
+                        continue
+    return trees
+
+
+def _ranks(recorded, sources, probe, baseline, tol):
+    """The order in which functions are edited: the user's own before tinyvit's, then the
+    code that ran between the last layer whose gradients are right and the first whose
+    gradients are wrong (a backward runs from the output down: the mistake is in what ran
+    just before the first wrong gradient), then the rest."""
+    suspects = _suspects(recorded, probe, baseline, tol)
+    return {id(s): (1 if in_tinyvit(s.path) else 0) * 2 + (0 if s.code in suspects else 1)
+            for s in sources}
+
+
+def _suspects(recorded, probe, baseline, tol):
+    if baseline is None:
+        return {call.code for call in recorded.calls}
+    wrong = {name for name, e in baseline.errors.items() if e > tol}
+    windows = recorded.backward_calls()
+    start, end = 0, math.inf
+    for layer, _, finished in windows:
+        own = [probe.names[id(p)] for p in vars(layer).values() if id(p) in probe.names]
+        if not own:
+            continue
+        if any(name in wrong for name in own):
+            end = finished
+            break
+        start = finished
+    return {call.code for call in recorded.calls if call.end > start and call.start <= end}

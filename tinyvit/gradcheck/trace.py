@@ -1,0 +1,171 @@
+"""What a backward pass ran, recorded once: the functions of Python source it called (its
+own method, the layers' backward passes below it, helpers such as ``softmax_backward``),
+in order; at each line, the names in scope and their shapes; and, for each layer's
+backward, when it started and ended. The repair search reads it to know which code to
+edit, which names may stand for which (the same shape at that line), and which code ran
+just before the first gradient that came out wrong.
+"""
+
+import dataclasses
+import sys
+import sysconfig
+from pathlib import Path
+
+from ..backend import is_array
+from ..nn.module import Module
+from .source import NotEditable, Source, function_of
+
+PACKAGE = Path(__file__).resolve().parents[1]  # tinyvit/
+# tinyvit's files whose functions are math a backward runs (the rest is plumbing: the
+# backend, argument checks, the cache's bookkeeping, the workbook's harness)
+MATH = ("nn", "models", "fast", "learn/steps.py")
+PLUMBING = {"_take_cache"}
+LIBRARIES = {Path(p).resolve() for key in ("stdlib", "platstdlib", "purelib", "platlib")
+             if (p := sysconfig.get_paths().get(key))}
+
+
+def in_tinyvit(filename):
+    return Path(filename).resolve().is_relative_to(PACKAGE)
+
+
+def editable_code(code, own_only):
+    """Whether ``code`` is a function the search may edit: the user's own (any file outside
+    Python's libraries), or tinyvit's math unless ``own_only``."""
+    filename = code.co_filename
+    if filename.startswith("<") or code.co_name in PLUMBING or code.co_name == "<lambda>":
+        return False
+    path = Path(filename).resolve()
+    if path.is_relative_to(PACKAGE):
+        inside = path.relative_to(PACKAGE).as_posix()
+        return not own_only and any(inside == m or inside.startswith(m + "/") for m in MATH)
+    return not any(path.is_relative_to(library) for library in LIBRARIES)
+
+
+@dataclasses.dataclass
+class Call:
+    """One call of an editable function during the backward."""
+
+    code: object
+    start: int  # the event counter when it was called and when it returned
+    end: int = -1
+    module: object = None  # ``self`` where it is a layer's method
+    globals: dict = None  # the globals it ran with (a function is found among them)
+    scopes: dict = dataclasses.field(default_factory=dict)  # line -> {name: value} before it ran
+    returned: object = None
+
+
+@dataclasses.dataclass
+class Trace:
+    """The editable functions a backward called (``sources``, first called first), and
+    every call of them."""
+
+    calls: list
+    sources: list
+
+    def scope(self, code, line):
+        """{name: [values]}: what each local name held just before ``line`` ran, over
+        every call of ``code``."""
+        found = {}
+        for call in self.calls:
+            if call.code is code:
+                for name, value in call.scopes.get(line, {}).items():
+                    found.setdefault(name, []).append(value)
+        return found
+
+    def self_of(self, code):
+        """The layers whose method ``code`` is, one per call (None for a function)."""
+        return [call.module for call in self.calls if call.code is code]
+
+    def arrays(self):
+        """(function, name, array) for what each local name held when its call returned,
+        once per function and name (for the measured difference)."""
+        seen, found = set(), []
+        for call in self.calls:
+            for name, value in call.scopes.get("return", {}).items():
+                key = (call.code, name)
+                if is_array(value) and key not in seen:
+                    seen.add(key)
+                    found.append((call.code.co_name, name, value))
+        return found
+
+    def backward_calls(self):
+        """(layer, start, end) of every layer's backward, in the order they ended."""
+        return sorted(((c.module, c.start, c.end) for c in self.calls
+                       if c.module is not None and c.code.co_name == "backward"),
+                      key=lambda item: item[2])
+
+
+def trace(run, own_only=False):
+    """Run ``run()`` (a backward) once, recording what it ran; returns (its result, or the
+    exception it raised, and the Trace)."""
+    calls, stack, counter, editable = [], [], [0], {}
+
+    def local(frame, event, arg):
+        call = stack[-1] if stack and stack[-1][0] is frame else None
+        if call is None:
+            return None
+        counter[0] += 1
+        if event == "line":
+            call[1].scopes.setdefault(frame.f_lineno, _snapshot(frame.f_locals))
+        elif event == "return":
+            call[1].end = counter[0]
+            call[1].returned = arg
+            call[1].scopes.setdefault("return", _snapshot(frame.f_locals))
+            stack.pop()
+        return local
+
+    def tracer(frame, event, arg):
+        if event != "call":
+            return None
+        code = frame.f_code
+        if code not in editable:
+            editable[code] = editable_code(code, own_only)
+        owner = frame.f_locals.get("self")
+        root = isinstance(owner, Module) and "backward" in code.co_name
+        if not editable[code] or not (root or (stack and stack[-1][2])):
+            return None  # a layer's backward, or a function one of them calls: no deeper
+        counter[0] += 1
+        call = Call(code, counter[0], module=owner if isinstance(owner, Module) else None,
+                    globals=frame.f_globals)
+        calls.append(call)
+        stack.append((frame, call, root))
+        return local
+
+    previous = sys.gettrace()
+    sys.settrace(tracer)
+    try:
+        result = run()
+    except Exception as error:  # a backward that raises is searched too
+        result = error
+    finally:
+        sys.settrace(previous)
+    return result, Trace(calls, _sources(calls))
+
+
+def _snapshot(local_names):
+    """The arrays and numbers among a frame's locals (arrays as they are: the search
+    reads their shapes; the measured difference their values, copied on return)."""
+    kept = {}
+    for name, value in local_names.items():
+        if is_array(value):
+            kept[name] = value.copy()
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            kept[name] = value
+    return kept
+
+
+def _sources(calls):
+    """The ``Source`` of each function called, first called first, once each."""
+    sources, seen = [], set()
+    for call in calls:
+        if call.code in seen:
+            continue
+        seen.add(call.code)
+        function = function_of(call.code, call.module, call.globals)
+        if function is None:
+            continue
+        try:
+            sources.append(Source(function))
+        except NotEditable:
+            continue
+    return sources
