@@ -11,11 +11,21 @@ mutants left unrepaired are listed.
 """
 
 import argparse
+import importlib.util
 import json
+import linecache
+import os
+import re
 import statistics
 import sys
+import tempfile
+import textwrap
 import time
 from pathlib import Path
+
+from tinyvit.learn import ExerciseFailed
+from tinyvit.learn.exercises import by_name
+from tinyvit.learn.workbook import BEGIN, render, start
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -42,6 +52,133 @@ def measure_mutants(names, budget, out):
     if out:
         Path(out).write_text(json.dumps({"summary": summary, "mutants": [vars(m) for m in rows]},
                                         indent=1))
+
+
+def measure_mistakes(out):
+    """Each mistake of mistakes.py in its exercise of a new workbook, checked as a learner's
+    pytest would: the check must fail; a fix, where one is printed, is put into the file as
+    printed and the check run again, which must pass."""
+    import mistakes as mistake_set
+    rows, started = [], time.perf_counter()
+    with tempfile.TemporaryDirectory() as folder:
+        workbook = Path(folder) / "workbook"
+        start(workbook)
+        cwd = os.getcwd()
+        os.chdir(workbook)  # as pytest runs in it: files are named as the learner sees them
+        try:
+            for number, mistake in enumerate(mistake_set.MISTAKES):
+                row = run_mistake(workbook, mistake, f"m{number}")
+                rows.append(row)
+                print(f"{mistake.exercise:<18} {row['seconds']:5.2f}s {row['verdict']:<22} "
+                      f"{mistake.what}", flush=True)
+        finally:
+            os.chdir(cwd)
+    summary = {"mistakes": len(rows), **{
+        key: sum(r["verdict"] == key for r in rows) for key in VERDICTS},
+        "median s": round(statistics.median(r["seconds"] for r in rows), 2),
+        "worst s": round(max(r["seconds"] for r in rows), 2),
+        "wall_s": round(time.perf_counter() - started, 1)}
+    print(json.dumps(summary, indent=1))
+    if out:
+        Path(out).write_text(json.dumps({"summary": summary, "mistakes": rows}, indent=1))
+
+
+VERDICTS = ("fixed at the right line", "fixed elsewhere", "named", "not caught", "fix wrong")
+FIX_LINE = re.compile(r"^ {6}line (\d+) of (\S+) \(([^)]*)\):(.*)$")
+
+
+def run_mistake(workbook, mistake, tag):
+    """One mistake: its verdict, the search's time, the paragraph."""
+    ex = by_name(mistake.exercise)
+    path = workbook / ex.filename
+    blank = render(ex)
+    path.write_text(_with_body(blank, ex, mistake.body))
+    first = _first_body_line(path.read_text(), ex)
+    started = time.perf_counter()
+    paragraph = _failure(path, ex, tag)
+    seconds = time.perf_counter() - started
+    row = {"exercise": mistake.exercise, "what": mistake.what, "seconds": round(seconds, 2),
+           "paragraph": paragraph}
+    if paragraph is None:
+        row["verdict"] = "not caught"
+        return row
+    fixes = _printed_fixes(paragraph)
+    if not fixes:
+        row["verdict"] = "named"
+        return row
+    text = path.read_text().splitlines()
+    for line, before, after in fixes:
+        if " ".join(x.strip() for x in text[line - 1:line - 1 + len(before)]) != " ".join(
+                x.strip() for x in before):
+            row["verdict"] = "fix wrong"
+            return row
+        indent = text[line - 1][:len(text[line - 1]) - len(text[line - 1].lstrip())]
+        text[line - 1:line - 1 + len(before)] = [indent + a for a in after]
+    path.write_text("\n".join(text) + "\n")
+    if _failure(path, ex, tag + "_fixed") is not None:
+        row["verdict"] = "fix wrong"
+        return row
+    lines = {line - first + 1 for line, _, _ in fixes}
+    row["verdict"] = ("fixed at the right line" if lines & set(mistake.right)
+                      else "fixed elsewhere")
+    return row
+
+
+def _with_body(text, ex, body):
+    begin = BEGIN.format(what=ex.method or "function")
+    head, rest = text.split(begin)
+    blank, tail = rest.split("\n", 2)[1], rest.split("\n", 2)[2]
+    indent = blank[:len(blank) - len(blank.lstrip())]
+    lines = textwrap.dedent(body.strip("\n")).splitlines()
+    return head + begin + "\n" + "\n".join(indent + line if line else "" for line in lines) \
+        + "\n" + tail
+
+
+def _first_body_line(text, ex):
+    begin = BEGIN.format(what=ex.method or "function")
+    return next(i for i, line in enumerate(text.splitlines(), 1) if line.strip() == begin) + 1
+
+
+def _failure(path, ex, tag):
+    """The paragraph the exercise's check fails with, or None where it passes."""
+    module_name = f"workbook_{path.stem}_{tag}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    linecache.checkcache(str(path))
+    spec.loader.exec_module(module)
+    try:
+        getattr(module, f"test_{ex.name}")()
+    except ExerciseFailed as failure:
+        return str(failure)
+    return None
+
+
+def _printed_fixes(paragraph):
+    """[(line, the lines before, the lines after)] of the fix a paragraph prints: "line N of
+    FILE (F): before  ->  after" on one line, or the lines below it (8 spaces in, the first
+    of the fix's lines marked "->")."""
+    lines = paragraph.splitlines()
+    found = []
+    for i, line in enumerate(lines):
+        match = FIX_LINE.match(line)
+        if not match:
+            continue
+        number, rest = int(match.group(1)), match.group(4)
+        if rest.strip():
+            before, after = rest.strip().split("  ->  ")
+            found.append((number, [before], [after]))
+            continue
+        before, after, j = [], [], i + 1
+        while not lines[j].startswith("         -> "):
+            before.append(lines[j][12:])
+            j += 1
+        after.append(lines[j][12:])
+        while j + 1 < len(lines) and lines[j + 1].startswith(" " * 12):
+            j += 1
+            after.append(lines[j][12:])
+        found.append((number, before, after))
+    return found
 
 
 def summarize(rows):
@@ -72,6 +209,8 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.set == "mutants":
         measure_mutants(args.case, args.budget, args.json)
+    else:
+        measure_mistakes(args.json)
 
 
 if __name__ == "__main__":

@@ -64,19 +64,26 @@ def said(fix, search, derivations=(), section_of=None):
              f"{search.seconds:.2f} s (it makes every gradient right):"]
     for change in changes(fix):
         where = f"line {change.line} of {shown(change.path)} ({change.function})"
-        before = " ".join(line.strip() for line in change.before)
-        after = " ".join(line.strip() for line in change.after)
-        if len(before) + len(after) + len(where) + 6 <= ONE_LINE:
-            lines.append(f"  {where}: {before}  ->  {after}")
+        before, after = _dedented(change.before, change.after)
+        if len(before) == len(after) == 1 and \
+                len(before[0]) + len(after[0]) + len(where) + 6 <= ONE_LINE:
+            lines.append(f"  {where}: {before[0]}  ->  {after[0]}")
         else:
             lines.append(f"  {where}:")
-            lines.append(f"        {before}")
-            lines.append(f"     -> {after}")
+            lines += [f"        {line}" for line in before]
+            lines += [f"     -> {line}" if i == 0 else f"        {line}"
+                      for i, line in enumerate(after)]
         lines.append(f"  {why(change, derivations)}")
         section = section_of(change.edits[0]) if section_of else None
         if section:
             lines.append(f"  the derivation of this step: {section}")
     return lines
+
+
+def _dedented(before, after):
+    """Both versions without the indent they share."""
+    both = textwrap.dedent("\n".join(before + after)).split("\n")
+    return both[:len(before)], both[len(before):]
 
 
 def shown(path):
@@ -327,7 +334,7 @@ REASONS = {
 # -- the derivation's formula ----------------------------------------------------------------
 
 
-SEGMENT = re.compile(r"\s{2,}|,\s+(?=d\w*\s*=)|\s+->\s+|;\s+")
+SEGMENT = re.compile(r"\s+->\s+|\s{2,}|,\s+(?=d\w*\s*=)|;\s+")
 
 
 def _formula(edit, derivations):

@@ -80,13 +80,14 @@ def diagnose(check, computed, expected, context, tol):
     if check.rel_err <= tol:
         return findings
     computed, expected = to_host(computed), to_host(expected)
-    findings += _overall(check.name, computed, expected, context)
-    located = _where(check.name, computed, expected, context, tol)
-    findings += located + _layer(check.name, computed, expected, context)
-    if context.search is None or context.search.fix is None:
-        findings += measured(computed, expected, _values(check.name, context), tol,
-                             where=not located)
-    return findings
+    said = _overall(check.name, computed, expected, context)
+    said += _where(check.name, computed, expected, context, tol)
+    layer = _layer(check.name, computed, expected, context)
+    said += layer
+    missing = any(finding.endswith(" is missing") for finding in layer)  # measured already
+    if (context.search is None or context.search.fix is None) and not missing:
+        said += measured(computed, expected, _values(check.name, context), tol, where=not said)
+    return findings + said
 
 
 def _values(name, context):
@@ -114,7 +115,7 @@ def _overall(name, computed, expected, context):
     ratio = constant_ratio(computed, expected)
     if ratio is not None:
         read = read_ratio(ratio, _head_dim(name, context), _rows(context),
-                          _named(name, context))
+                          _named(name, context), _counts(context))
         return [f"computed/expected = {read[0]} everywhere: {read[1]}"] if read else []
     if computed.ndim == 2 and computed.shape[0] == computed.shape[1] and _same(computed,
                                                                                expected.T):
@@ -144,10 +145,12 @@ def constant_ratio(computed, expected):
     return ratio if flat and everywhere else None
 
 
-def read_ratio(ratio, head_dim=None, rows=None, named=()):
+def read_ratio(ratio, head_dim=None, rows=None, named=(), counts=()):
     """(a ratio as text, what it means) where it is a quantity of the layer or a small
     fraction; None for any other number, which would mean nothing to a reader.
-    ``rows``: the rows a loss averages over; ``named``: [(name, value)] of the layer."""
+    ``rows``: the rows a loss averages over; ``named``: [(name, value)] of the layer;
+    ``counts``: how many values its input holds along some of its axes (a sum over them
+    taken as a mean gives 1/count)."""
     if head_dim and math.isclose(ratio, math.sqrt(head_dim), rel_tol=1e-6):
         return (f"{ratio:.6g} = sqrt(Dh), Dh = {head_dim}",
                 "the 1/sqrt(Dh) scale of the scores is missing in the backward"
@@ -161,7 +164,8 @@ def read_ratio(ratio, head_dim=None, rows=None, named=()):
     if ratio == 0 or math.isclose(ratio, 1.0, rel_tol=1e-6):
         return None  # right to 1e-6, or zero where it matters: no factor to name
     parts = round(1 / ratio)
-    if parts >= 2 and math.isclose(ratio * parts, 1.0, rel_tol=1e-6):
+    counted = set(counts) | set(range(SMALL + 1))  # a count of the input's values, or small
+    if parts >= 2 and parts in counted and math.isclose(ratio * parts, 1.0, rel_tol=1e-6):
         return (f"1/{parts}", f"a sum over {parts} values (the rows of the batch) taken as their "
                 "mean; a gradient adds up over every row that used the parameter")
     times = round(ratio)
@@ -172,12 +176,19 @@ def read_ratio(ratio, head_dim=None, rows=None, named=()):
         for text, factor in ((name, value), (f"1/{name}", 1 / value)):
             if math.isclose(ratio, factor, rel_tol=1e-6):
                 return f"{ratio:.6g} = {text}", f"a factor of {text} too many (or missing)"
-    if times >= 2 and math.isclose(ratio, times, rel_tol=1e-6):
+    if times >= 2 and times in counted and math.isclose(ratio, times, rel_tol=1e-6):
         return f"{times}", f"added {times} times"
     fraction = fractions.Fraction(ratio).limit_denominator(SMALL)
     if abs(fraction.numerator) <= SMALL and math.isclose(ratio, fraction, rel_tol=1e-6):
         return f"{fraction}", "a constant factor is wrong"
     return None
+
+
+def _counts(context):
+    """The numbers of values the input holds along any of its axes together."""
+    shape = getattr(context.x, "shape", ())
+    return {math.prod(shape[i] for i in range(len(shape)) if mask >> i & 1)
+            for mask in range(1, 2 ** len(shape))}
 
 
 def _named(name, context):

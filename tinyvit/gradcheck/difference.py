@@ -22,13 +22,13 @@ ROUNDING = 1e-9  # below this share of the largest entry, an entry is right
 def measured(computed, expected, values, tol, where=True):
     """Lines that say how ``computed`` differs from ``expected`` (host arrays of one shape):
     the combination of ``values`` [(label, array)] it is, if one or two give it; then
-    (unless ``where`` is False: said already) where it differs."""
+    (unless ``where`` is False: the finding before it say enough) where it differs."""
     difference = computed - expected
     found = []
     combination = _combination(difference, values)
     if combination:
         found.append(combination)
-    return found + (_where(difference, expected, tol) if where or not found else [])
+    return found + (_where(difference, expected, tol) if where else [])
 
 
 def _combination(difference, values):

@@ -272,15 +272,17 @@ def _loads(value):
 
 
 def _once(found):
-    """The edits whose statements read differently, the cheapest of each."""
+    """The edits that change what their statements say, each change once (the cheapest)."""
     kept = {}
     for edit in sorted(found, key=lambda e: e.cost):
+        before = tuple(_text(s) for s in edit.statements())
         edit.apply()
         try:
-            key = (edit.line, tuple(_text(old_or_parent) for old_or_parent in edit.statements()))
+            key = (edit.line, tuple(_text(s) for s in edit.statements()))
         finally:
             edit.revert()
-        kept.setdefault(key, edit)
+        if key[1] != before:
+            kept.setdefault(key, edit)
     return list(kept.values())
 
 
@@ -687,12 +689,8 @@ class _Proposer:
         candidates = [_name(n, node) for n in arrays]
         own = [n for n in ast.walk(self.source.tree) if _is_term(n)]
         candidates += own + list(self.scope.terms)
-        for reduction in [n for n in own + list(self.scope.terms) if _reduction(n)]:
-            for name in arrays:
-                candidates.append(_located(ast.Call(func=ast.Attribute(
-                    value=ast.Name(id=name, ctx=ast.Load()), attr=reduction.func.attr,
-                    ctx=ast.Load()), args=reduction.args, keywords=reduction.keywords),
-                    reduction))
+        for call in [n for n in own + list(self.scope.terms) if isinstance(n, ast.Call)]:
+            candidates += [_taken_of(call, name) for name in arrays]
         for term in candidates:
             text = ast.unparse(term)
             if text not in seen and self.known(term):
@@ -733,9 +731,16 @@ def _kind(node):
     return None
 
 
-def _reduction(node):
-    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-            and node.func.attr in ("sum", "mean"))
+def _taken_of(call, name):
+    """The same call of another name: ``g.mean(axis=-1)`` from ``(g * xhat).mean(axis=-1)``,
+    ``average(g)`` from ``average(g * xhat)`` (a reduction, or a function of one array)."""
+    argument = ast.Name(id=name, ctx=ast.Load())
+    if isinstance(call.func, ast.Attribute) and call.func.attr in ("sum", "mean"):
+        func = ast.Attribute(value=argument, attr=call.func.attr, ctx=ast.Load())
+        return _located(ast.Call(func=func, args=call.args, keywords=call.keywords), call)
+    if len(call.args) == 1:
+        return _located(ast.Call(func=call.func, args=[argument], keywords=call.keywords), call)
+    return call
 
 
 def _is_term(node):

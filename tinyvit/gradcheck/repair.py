@@ -160,6 +160,8 @@ def search(probe, expected, tol, budget=BUDGET, own_only=False, reference=None, 
     probe.start()
     grads, recorded = trace(probe.backward, own_only)
     baseline = None if isinstance(grads, Exception) else measure(grads, expected)
+    if baseline is not None and baseline.passes(tol) and probe.accumulates(grads):
+        return Search(None, 0, time.perf_counter() - started, recorded, [])  # nothing wrong
     pending = {id(m) for m in probe.pending()}
     sources = recorded.sources
     if own_only:

@@ -1,0 +1,251 @@
+"""The repair search (tinyvit/gradcheck/repair.py): each rewrite rule of the error model
+applies and is reverted; a wrong backward is answered with the edit of its own line that
+makes it right, quoted as the check prints it; the search keeps to its time; where no
+edit of one or two lines fixes it, the difference is measured, never guessed."""
+
+import ast
+import inspect
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import jitter, load_script, randn
+from tinyvit import backend as B
+from tinyvit.gradcheck import gradient_check, seeded_dropout
+from tinyvit.gradcheck.answer import changes
+from tinyvit.gradcheck.diagnose import read_ratio
+from tinyvit.gradcheck.edits import COSTS, edits
+from tinyvit.gradcheck.repair import Probe, scope_of, search
+from tinyvit.gradcheck.source import Source
+from tinyvit.gradcheck.trace import trace
+from tinyvit.nn import functional, layers
+from tinyvit.nn.functional import softmax_backward
+
+xp = B.xp
+HERE = Path(__file__).name
+
+
+def line_of(function, text):
+    """The file line of ``function`` that holds ``text``."""
+    lines, first = inspect.getsourcelines(function)
+    return first + next(i for i, line in enumerate(lines) if text in line)
+
+
+# -- layers of this file, each with one mistake ------------------------------------------------
+
+
+class ScaledLinear(layers.Linear):
+    """A Linear whose backward runs through every construct the error model rewrites."""
+
+    def backward(self, dout):
+        x2 = self._take_cache()
+        dout2 = dout.reshape(-1, self.out_features)
+        self.weight.grad += (dout2.T @ x2) * 1.0
+        self.bias.grad += dout2.sum(axis=0)
+        parts = [dout2 @ self.weight.data, xp.zeros_like(x2)]
+        for part in reversed(parts[:1]):
+            dx = part + parts[1][:, :]
+        dx = softmax_backward(xp.ones_like(dx), dx) + xp.zeros_like(dx)
+        return dx.reshape(*dout.shape[:-1], self.in_features).transpose(*range(dout.ndim))
+
+
+class TransposedLinear(layers.Linear):
+    def backward(self, dout):
+        x2 = self._take_cache()
+        dout2 = dout.reshape(-1, self.out_features)
+        self.weight.grad += dout2.T @ x2
+        self.bias.grad += dout2.sum(axis=0)
+        dx = dout2 @ self.weight.data.T  # the transpose of W, where W itself is meant
+        return dx.reshape(*dout.shape[:-1], self.in_features)
+
+
+class NoisyTanh(layers.Tanh):
+    def backward(self, dout):
+        y = self._take_cache()
+        return dout * (1.3 - abs(y) ** 2.1)  # two numbers wrong, neither by a sign, 2 or 1/2
+
+
+class Float32Tanh(layers.Tanh):
+    def backward(self, dout):
+        y = self._take_cache()
+        return (dout * (1.0 - y * y)).astype(xp.float32)
+
+
+class DroppedCore(layers.Attention):
+    def attend_backward(self, dctx):
+        q, k, v, A, Ad = self._take_cache()
+        dAd = dctx @ v.swapaxes(-1, -2)
+        dv = A.swapaxes(-1, -2) @ dctx  # A, not the dropped-out Ad the forward multiplied by
+        dS = softmax_backward(A, self.attn_drop.backward(dAd))
+        return dS @ k * self.scale, dS.swapaxes(-1, -2) @ q * self.scale, dv
+
+
+class ForgetfulResidual(layers.Residual):
+    def backward(self, dout):
+        self.branch.backward(dout)
+        return dout  # the branch's gradient thrown away
+
+
+class DroppingTanh(layers.Tanh):
+    def __init__(self):
+        super().__init__()
+        self.drop = layers.Dropout(0.3)
+
+    def forward(self, x):
+        return self.drop.forward(super().forward(x))
+
+    def backward(self, dout):
+        y = self._take_cache()
+        return dout * (1.0 - y)  # the dropout's backward forgotten, and y^2 taken for y
+
+
+def scope(function, module, x, before_forward=None, reference=None):
+    """The error model's Scope of ``function`` as ``module``'s backward runs it."""
+    def forward():
+        if before_forward:
+            before_forward()
+        return module.forward(x)
+
+    probe = Probe(module, forward, randn(*forward().shape, seed=3))
+    probe.start()
+    _, recorded = trace(probe.backward)
+    source = next(s for s in recorded.sources if s.function is function)
+    return source, scope_of(recorded, source, {id(m) for m in probe.pending()}, reference)
+
+
+def test_each_rule_applies_and_is_reverted():
+    dropping = DroppingTanh()
+    with B.default_dtype("float64"):
+        built = [
+            scope(ScaledLinear.backward, jitter(ScaledLinear(5, 4, rng=B.host_rng(0))),
+                  randn(3, 5)),
+            scope(ForgetfulResidual.backward, ForgetfulResidual(layers.Linear(
+                4, 4, rng=B.host_rng(0))), randn(3, 4)),
+            scope(DroppingTanh.backward, dropping, randn(3, 4), seeded_dropout(dropping),
+                  reference=Source(layers.Tanh.backward).tree)]
+    rules = set()
+    for source, found_scope in built:
+        original = ast.dump(source.tree)
+        proposed = edits(source, found_scope)
+        rules |= {edit.rule for edit in proposed}
+        for edit in proposed:
+            edit.apply()
+            assert ast.dump(source.tree) != original, (edit.rule, edit.detail)
+            assert source.compile() is not None  # it compiles, into the function's closure
+            edit.revert()
+            assert ast.dump(source.tree) == original, (edit.rule, edit.detail)
+    assert rules == set(COSTS)
+
+
+def test_a_wrong_backward_is_answered_with_the_fix_on_its_own_line():
+    with B.default_dtype("float64"):
+        report = gradient_check(jitter(TransposedLinear(6, 6, rng=B.host_rng(0))), randn(2, 6))
+    line = line_of(TransposedLinear.backward, "dx = dout2 @ self.weight.data.T")
+    text = str(report).splitlines()
+    head = next(i for i, t in enumerate(text) if t.startswith("the fix, found by trying "))
+    assert text[head].endswith("edits of the code in " + text[head].split(" in ")[1])
+    assert text[head + 1:head + 5] == [
+        f"  line {line} of tests/{HERE} (TransposedLinear.backward):",
+        "        dx = dout2 @ self.weight.data.T  # the transpose of W, where W itself is meant",
+        "     -> dx = dout2 @ self.weight.data  # the transpose of W, where W itself is meant",
+        "  by the matmul rule, Y = X Z gives dX = dY Z^T and dZ = X^T dY; the derivation: "
+        "dx = dy W"]
+    assert text[head + 5] == "  the derivation of this step: docs/backprop.md#linear"
+    assert report.fix is not None and not report.passed
+
+
+def test_a_name_for_another_of_its_shape_is_fixed_with_dropout_on():
+    with B.default_dtype("float64"):
+        core = jitter(DroppedCore(8, 2, attn_dropout=0.3, rng=B.host_rng(0)))
+        report = gradient_check(core, randn(2, 5, 8), before_forward=seeded_dropout(core))
+    change, = changes(report.fix)
+    assert (change.function, change.line) == ("DroppedCore.attend_backward", line_of(
+        DroppedCore.attend_backward, "dv = A.swapaxes"))
+    assert [line.strip() for line in change.after] == [
+        "dv = Ad.swapaxes(-1, -2) @ dctx  # A, not the dropped-out Ad the forward multiplied by"]
+    assert "Ad, not A, is what the forward used here" in str(report)
+
+
+def test_a_mistake_one_level_down_is_fixed_where_it_is():
+    """A mistake in softmax_backward, which Attention.attend_backward calls, is fixed in
+    functional.py's line, planted there as if the file said so."""
+    mutants = load_script(Path(__file__).resolve().parents[1] / "benchmarks" / "mutants.py")
+    line = line_of(functional.softmax_backward, "return A * (dA - (dA * A)")
+    before = ["    return A * (dA - (dA * A).sum(axis=-1, keepdims=True))"]
+    after = ["    return A * (dA + (dA * A).sum(axis=-1, keepdims=True))"]
+    with B.default_dtype("float64"), mutants.planted(functional.softmax_backward, before, after,
+                                                      line):
+        attention = jitter(layers.Attention(8, 2, rng=B.host_rng(0)))
+        report = gradient_check(attention, randn(2, 5, 8))
+    change, = changes(report.fix)
+    assert (change.function, change.line) == ("softmax_backward", line)
+    assert str(change.path).endswith("tinyvit/nn/functional.py")
+
+
+def test_the_search_keeps_to_its_time_and_then_measures():
+    with B.default_dtype("float64"):
+        started = time.perf_counter()
+        report = gradient_check(NoisyTanh(), randn(2, 5, 8), repair=0.3)
+        spent = time.perf_counter() - started
+    assert report.fix is None and report.search.seconds < 0.5 and spent < 3
+    text = str(report)
+    assert (f"no edit of one or two lines makes every gradient right ({report.search.tried} "
+            f"tried in {report.search.seconds:.2f} s); what differs is measured under each "
+            "failing gradient") in text
+    assert "it differs at 80 of 80 entries, all of them" in text
+
+
+def test_where_no_search_runs_the_difference_is_measured_in_named_values():
+    class Doubled(layers.Tanh):
+        def backward(self, dout):
+            y = self._take_cache()
+            return dout * (1.0 - y * y) + 0.5 * dout
+
+    with B.default_dtype("float64"):
+        report = gradient_check(Doubled(), randn(2, 5, 8), repair=0)
+    assert report.search is None
+    assert report["input"].findings[0].startswith(
+        "yours minus the right one = 0.5 x dout (exactly, to ")
+
+
+def test_a_gradient_of_another_dtype_is_named_first_and_alone():
+    with B.default_dtype("float64"):
+        report = gradient_check(Float32Tanh(), randn(2, 5, 8))
+    assert report["input"].findings == [
+        "computed is float32, not float64 like the input and the parameters: an array made "
+        "with another dtype, or converted, on the way"]
+    assert "FAIL  input         (2, 5, 8)     not compared" in str(report)
+
+
+def test_a_ratio_is_said_only_where_it_means_something():
+    assert read_ratio(1 / 86439277800028704) is None
+    assert read_ratio(0.5) == ("1/2", "a sum over 2 values (the rows of the batch) taken as "
+                                      "their mean; a gradient adds up over every row that used "
+                                      "the parameter")
+    assert read_ratio(2 / 3) == ("2/3", "a constant factor is wrong")
+    assert read_ratio(1.7320508, head_dim=3)[0] == "1.73205 = sqrt(Dh), Dh = 3"
+    assert read_ratio(1 / 0.7, named=[("1/(1-p)", 1 / 0.7)])[1] == \
+        "a factor of 1/(1-p) too many (or missing)"
+    assert read_ratio(np.pi) is None and read_ratio(1.0 + 1e-9) is None
+
+
+@pytest.mark.parametrize("rule", sorted(COSTS))
+def test_every_rule_has_its_reason(rule):
+    from tinyvit.gradcheck.answer import REASONS
+    assert rule in REASONS
+
+
+def test_a_search_of_code_that_is_right_finds_nothing_to_do():
+    with B.default_dtype("float64"):
+        layer = jitter(layers.Linear(4, 3, rng=B.host_rng(0)))
+        x = randn(2, 4)
+        y = layer.forward(x)
+        dout = randn(*y.shape, seed=4)
+        layer.zero_grad()
+        layer.forward(x)
+        right = {"input": layer.backward(dout).copy(), "weight": layer.weight.grad.copy(),
+                 "bias": layer.bias.grad.copy()}
+        found = search(Probe(layer, lambda: layer.forward(x), dout), right, 1e-7)
+    assert found.fix is None and found.tried == 0
