@@ -268,7 +268,7 @@ def test_a_backward_that_hands_its_work_to_the_library_is_refused():
     with pytest.raises(ExerciseFailed) as failed:
         check(MyLinear)
     assert str(failed.value).startswith(
-        "exercise 1 (Linear), case 1 of 3, input (3, 7): MyLinear.backward calls tinyvit's own "
+        "exercise 1 (Linear), case 1 of 4, input (3, 7): MyLinear.backward calls tinyvit's own "
         "Linear.backward (as super().backward(...) or Linear.backward(self, ...)), which would "
         "pass without a line of yours: compute the gradients yourself\n")
     layer = Linear(3, 2)  # the library's own backward is back after the check

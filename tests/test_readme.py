@@ -35,7 +35,7 @@ def test_the_workbook_commands_put_a_learner_on_exercise_1(tmp_path, stripes):
     result = subprocess.run([sys.executable, *run.split()[1:]], cwd=tmp_path / "workbook",
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 1
-    assert "exercise 1 (Linear), case 1 of 3, input (3, 7): not written yet: write " \
+    assert "exercise 1 (Linear), case 1 of 4, input (3, 7): not written yet: write " \
         "MyLinear.backward between the markers of ex01_linear.py" in result.stdout
     assert "1 failed" in result.stdout
 

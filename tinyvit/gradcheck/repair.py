@@ -26,6 +26,8 @@ import math
 import time
 import warnings
 
+import numpy as np  # its floating-point warnings, silenced for candidates (CuPy gives none)
+
 from ..backend import is_array, xp
 from ..nn.module import Module, Parameter
 from .edits import Scope, edits, factors_in
@@ -277,7 +279,7 @@ def installed(fix):
 @contextlib.contextmanager
 def _quiet():
     """Within: a candidate's overflows and invalid values are not warned of."""
-    with warnings.catch_warnings(), xp.errstate(all="ignore"):
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")
         yield
 

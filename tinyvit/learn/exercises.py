@@ -57,8 +57,8 @@ class Exercise:
         return not self.method
 
 
-def _linear(make, shape):
-    return jitter(make(7, 5, rng=host_rng(0))), (randn(*shape),), None
+def _linear(make, shape, bias=True):
+    return jitter(make(7, 5, bias=bias, rng=host_rng(0))), (randn(*shape),), None
 
 
 def _plain(make, shape, scale=2.0, *args):
@@ -135,14 +135,16 @@ EXERCISES = (
         "y = x W^T + b over the last axis: the layer every other one is built around.",
         """The cache: x2 = self._take_cache(), the forward's input as rows (M, in).
 dout: (..., out), the gradient of the loss at y; dout.reshape(-1, self.out_features)
-is (M, out). Add dW (out, in) to self.weight.grad and db (out,) to self.bias.grad
-(+=: gradients accumulate); return dx, shaped as the forward's input (..., in).""",
+is (M, out). Add dW (out, in) to self.weight.grad and db (out,) to self.bias.grad (+=:
+gradients accumulate; self.bias is None in a layer without one, as in one case); return dx,
+shaped as the forward's input (..., in).""",
         ("dW (out, in) = a product of dout2 (M, out) and x2 (M, in); db (out,) = a reduction "
          "of dout2 (M, out); dx (M, in) = a product of dout2 (M, out) and W (out, in), then "
          "reshaped back",
          "y_mj = sum_i x_mi W_ji + b_j, so dW_ji = sum_m dy_mj x_mi, db_j = sum_m dy_mj "
          "(a sum, not a mean: every row used b), dx_mi = sum_j dy_mj W_ji"),
-        cases(_linear, (3, 7), (2, 9, 7), (1, 7)),
+        (*cases(_linear, (3, 7), (2, 9, 7), (1, 7)),
+         lambda make: _linear(make, (4, 7), bias=False)),
     ),
     Exercise(
         2, "tanh", "Tanh", "vit", layers.Tanh, "backward", "MyTanh", layers.Tanh.forward, "Tanh",
@@ -429,7 +431,8 @@ dout: (B, F, Ho, Wo). Add db (F,) and dW (F, C, kh, kw) to the parameters' .grad
         (lambda make: _conv(make, (2, 3, 7, 7), 3, 4, 3, 2, 1),
          lambda make: _conv(make, (1, 3, 6, 5), 3, 4, 3, 1, 1),
          lambda make: _conv(make, (2, 3, 5, 5), 3, 4, 3, 1, 1, bias=False,
-                            weight_standardization=True)),
+                            weight_standardization=True),
+         lambda make: _conv(make, (1, 2, 6, 5), 2, 3, (3, 2), (2, 1), (1, 0))),
         (("tinyvit.backend", "xp"), ("tinyvit.nn.conv", "col2im"),
          ("tinyvit.nn.conv", "unpad_spatial"), ("tinyvit.nn.functional", "standardize_backward")),
     ),
@@ -461,7 +464,8 @@ unpad_spatial are imported.""",
          "none; col2im adds each window's gradients back into the pixels (summing where "
          "windows overlap)"),
         (lambda make: _norm(make, (2, 3, 7, 7), 3, 2, 1),
-         lambda make: _norm(make, (1, 2, 4, 6), 2)),
+         lambda make: _norm(make, (1, 2, 4, 6), 2),
+         lambda make: _norm(make, (2, 2, 5, 7), (2, 3), (1, 2), (1, 1))),
         (("tinyvit.backend", "xp"), ("tinyvit.nn.conv", "col2im"),
          ("tinyvit.nn.conv", "unpad_spatial")),
     ),
