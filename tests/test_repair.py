@@ -101,6 +101,22 @@ class DroppingTanh(layers.Tanh):
         return dout * (1.0 - y)  # the dropout's backward forgotten, and y^2 taken for y
 
 
+class InPlaceTanh(layers.Tanh):
+    def backward(self, dout):
+        y = self._take_cache()
+        dout *= 1.0 - y * y  # the caller's dout changed with it
+        return dout
+
+
+class UnguardedLinear(layers.Linear):
+    def backward(self, dout):
+        x2 = self._take_cache()
+        dout2 = dout.reshape(-1, self.out_features)
+        self.weight.grad += dout2.T @ x2
+        self.bias.grad += dout2.sum(axis=0)  # a layer without bias has no gradient to add to
+        return (dout2 @ self.weight.data).reshape(*dout.shape[:-1], self.in_features)
+
+
 def scope(function, module, x, before_forward=None, reference=None):
     """The error model's Scope of ``function`` as ``module``'s backward runs it."""
     def forward():
@@ -124,7 +140,10 @@ def test_each_rule_applies_and_is_reverted():
             scope(ForgetfulResidual.backward, ForgetfulResidual(layers.Linear(
                 4, 4, rng=B.host_rng(0))), randn(3, 4)),
             scope(DroppingTanh.backward, dropping, randn(3, 4), seeded_dropout(dropping),
-                  reference=Source(layers.Tanh.backward).tree)]
+                  reference=Source(layers.Tanh.backward).tree),
+            scope(InPlaceTanh.backward, InPlaceTanh(), randn(3, 4)),
+            scope(UnguardedLinear.backward, UnguardedLinear(4, 3, bias=False,
+                                                           rng=B.host_rng(0)), randn(3, 4))]
     rules = set()
     for source, found_scope in built:
         original = ast.dump(source.tree)
@@ -208,6 +227,26 @@ def test_where_no_search_runs_the_difference_is_measured_in_named_values():
     assert report.search is None
     assert report["input"].findings[0].startswith(
         "yours minus the right one = 0.5 x dout (exactly, to ")
+
+
+def test_a_backward_that_changes_its_upstream_gradient_in_place_is_fixed():
+    with B.default_dtype("float64"):
+        report = gradient_check(InPlaceTanh(), randn(2, 5, 8))
+    change, = changes(report.fix)
+    assert [line.strip() for line in change.after] == ["dout = dout * (1.0 - y * y)"]
+
+
+def test_a_parameter_that_a_layer_may_lack_is_guarded():
+    with B.default_dtype("float64"):
+        layer = jitter(UnguardedLinear(4, 3, bias=False, rng=B.host_rng(0)))
+        probe = Probe(layer, lambda: layer.forward(randn(2, 4)), randn(2, 3, seed=2))
+        right = jitter(layers.Linear(4, 3, bias=False, rng=B.host_rng(0)))
+        right.forward(randn(2, 4))
+        expected = {"input": right.backward(randn(2, 3, seed=2)), "weight": right.weight.grad}
+        found = search(probe, expected, 1e-10)
+    change, = changes(found.fix)
+    assert [line.strip() for line in change.after] == [
+        "if self.bias is not None:", "self.bias.grad += dout2.sum(axis=0)"]
 
 
 def test_a_gradient_of_another_dtype_is_named_first_and_alone():

@@ -292,6 +292,9 @@ def _swap_reason(edit):
 
 
 def _order_reason(edit):
+    if edit.detail.get("what") == "layers":
+        return (f"self.{edit.detail['second']} and self.{edit.detail['first']} in each other's "
+                "place: the backward passes run in the reverse order of the forward's layers")
     if edit.detail.get("what") == "reversed":
         return "a backward calls its layers' backward passes in the reverse order of the forward"
     return ("each step's backward needs the gradient of the step after it: the reverse order "
@@ -311,8 +314,8 @@ REASONS = {
     "drop": lambda edit: "this term is not part of the derivation",
     "name": _name_reason,
     "transpose": _transpose_reason,
-    "axes": lambda edit: (f"the axes in the order that undoes the forward's "
-                          f"{edit.detail.get('what', 'transpose')}"),
+    "axes": lambda edit: ("the axes in the order that undoes the forward's reshape and "
+                          "transpose, the last step of the forward undone first"),
     "reduction": _reduction_reason,
     "factor": _factor_reason,
     "constant": lambda edit: f"{edit.detail['now']} where it says {edit.detail['was']}",
@@ -328,6 +331,10 @@ REASONS = {
                           f"{edit.detail['function']} is not applied here"),
     "term": lambda edit: f"the term {edit.detail['term']} belongs to this gradient",
     "reference": lambda edit: f"{edit.detail['term']} is what tinyvit's own backward computes here",
+    "copy": lambda edit: ("an array of its own: changed in place, a name shared with another "
+                          "(the upstream gradient, a cached value) changes that one too"),
+    "guard": lambda edit: (f"self.{edit.detail['attribute']} is None in a layer without it: "
+                           "its gradient is there only when the parameter is"),
 }
 
 

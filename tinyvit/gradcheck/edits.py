@@ -20,6 +20,9 @@ A rule looks at one node of a function's tree and proposes replacements for it:
     discarded    a call whose value was thrown away added where the next line needs it
     backward     a layer's backward that is never called, called
     term         a term added from the code around it (or the reference's)
+    reference    the reference's expression in place of one like it (the workbook's)
+    copy         an array of its own where one is changed in place (x = x * m for x *= m)
+    guard        a statement that reads an optional parameter (a bias) kept for when it is
 
 Each proposal is an ``Edit``: one or more slots of the tree (a node's field, or an
 item of a list field) and what goes there. ``apply`` puts it in, ``revert`` takes it
@@ -32,14 +35,16 @@ import builtins
 import collections
 import copy
 import dataclasses
+import functools
 import itertools
+import math
 
 from ..backend import is_array
 
 COSTS = {"accumulate": 0.5, "sign": 1.0, "name": 1.0, "transpose": 1.0, "reduction": 1.0,
          "swap": 1.0, "order": 1.0, "factor": 1.5, "axes": 1.5, "index": 1.5,
          "discarded": 1.5, "backward": 2.0, "drop": 2.0, "constant": 2.0, "call": 2.0,
-         "reference": 2.5, "term": 3.0}
+         "reference": 2.5, "term": 3.0, "copy": 1.5, "guard": 1.0}
 FAR = 1.5  # added to a rule's cost for its less likely proposals (a permutation of three
 #            or more axes, an axis a reduction rarely takes, an array as a factor)
 AXES = (0, 1, 2, 3, -1, -2, (0, 2, 3), (0, 1), (2, 3), (1, 2), None)
@@ -47,6 +52,7 @@ FUNCTIONS = ("exp", "log", "sqrt", "tanh")  # xp's, applied to a name or taken o
 MOST_PERMUTED = 6  # axes permuted in every order up to this many (720 orders)
 UNUSED = 1.5  # added to the cost of an edit that leaves an assigned name unused
 RIGHT = 1.0  # added to the cost of an edit of a statement the reference writes the same way
+ALIAS = 0.5  # taken off the cost of an edit of a statement that only names another's value
 
 
 @dataclasses.dataclass(eq=False)
@@ -69,8 +75,16 @@ class Edit:
     def __post_init__(self):
         self.owners = self.owners or [self.statement] * len(self.slots)
         self.old = [_get(slot) for slot in self.slots]
-        self.touched = {id(n) for old in self.old for n in walk(old)}
-        self.keeps = all(any(o is n for n in walk(new)) for o, new in zip(self.old, self.new))
+
+    @functools.cached_property
+    def touched(self):
+        """The ids of every node it replaces."""
+        return {id(n) for old in self.old for n in walk(old)}
+
+    @functools.cached_property
+    def keeps(self):
+        """Whether what it replaces stays inside what it puts in (a node wrapped)."""
+        return all(any(o is n for n in walk(new)) for o, new in zip(self.old, self.new))
 
     def statements(self):
         """The statements the edit writes, as they stand (applied or not)."""
@@ -151,6 +165,8 @@ class Scope:
     factors: frozenset = frozenset()  # what the layer's code multiplies or divides by
     inputs: tuple = ()  # the names the function is given: its arguments, its cache's items
     right: frozenset = frozenset()  # statements, as text, that the reference writes too
+    sums: tuple = ()  # the terms of the reference's sums (and its whole values)
+    products: tuple = ()  # the factors of the reference's products
 
     def arrays(self, line):
         return {n: v for n, v in self.names(line).items() if all(is_array(a) for a in v)}
@@ -211,6 +227,13 @@ def term_slots(statement):
             yield from _operands(slot)
 
 
+def term_nodes(tree):
+    """(slot, node) of every term of every statement of a function's tree."""
+    for statement, _, _ in statements(tree.body):
+        for slot in term_slots(statement):
+            yield slot, _get(slot)
+
+
 def _operands(slot):
     yield slot
     node = _get(slot)
@@ -240,9 +263,17 @@ def edits(source, scope):
             propose.term(slot)
     _leaving_unused(found, source.tree)
     for edit in found:
-        if ast.unparse(edit.statement) in scope.right:
+        statement = edit.statement
+        if ast.unparse(statement) in scope.right or _value_text(statement) in scope.right:
             edit.cost += RIGHT
+        if isinstance(getattr(statement, "value", None), ast.Name):
+            edit.cost -= ALIAS  # "dA = dAd", "return dx": where a step is often missing
     return _once(found)
+
+
+def _value_text(statement):
+    value = getattr(statement, "value", None)
+    return ast.unparse(value) if isinstance(value, ast.AST) else None
 
 
 def _leaving_unused(found, tree):
@@ -272,21 +303,20 @@ def _loads(value):
 
 
 def _once(found):
-    """The edits that change what their statements say, each change once (the cheapest)."""
+    """The edits that change what they replace, each change once (the cheapest)."""
     kept = {}
     for edit in sorted(found, key=lambda e: e.cost):
-        before = tuple(_text(s) for s in edit.statements())
-        edit.apply()
-        try:
-            key = (edit.line, tuple(_text(s) for s in edit.statements()))
-        finally:
-            edit.revert()
-        if key[1] != before:
-            kept.setdefault(key, edit)
+        new = tuple(_text(n) for n in edit.new)
+        if new == tuple(_text(o) for o in edit.old):
+            continue  # no change (two equal items swapped, a bound moved onto itself)
+        kept.setdefault((tuple((id(p), f, i) for p, f, i in edit.slots), new), edit)
     return list(kept.values())
 
 
 def _text(node):
+    """A node, a list of nodes or a name, as text."""
+    if isinstance(node, list):
+        return ", ".join(_text(n) for n in node)
     return ast.unparse(node) if isinstance(node, ast.AST) else repr(node)
 
 
@@ -381,6 +411,52 @@ class _Proposer:
                          [following, s], first=following.lineno)
         if isinstance(s, ast.Expr) and isinstance(s.value, ast.Call):
             self._discarded(body, index)
+        self._copies(body, index)
+        self._guards(body, index)
+        self._swapped_layers(body, index)
+
+    def _copies(self, body, index):
+        """An array changed in place that is another's too: x = x * m for x *= m, and
+        x = y.copy() for x = y where x is then changed in place."""
+        s, arrays = self.statement, self.scope.arrays(self.line)
+        if isinstance(s, ast.AugAssign) and isinstance(s.target, ast.Name) and \
+                s.target.id in arrays:
+            value = ast.BinOp(left=ast.Name(id=s.target.id, ctx=ast.Load()), op=s.op,
+                              right=s.value)
+            self.add("copy", self.at(body, index), _located(ast.Assign(
+                targets=[ast.Name(id=s.target.id, ctx=ast.Store())], value=value), s))
+        if isinstance(s, ast.Assign) and isinstance(s.value, ast.Name) and \
+                s.value.id in arrays:
+            copied = ast.Call(func=ast.Attribute(value=s.value, attr="copy", ctx=ast.Load()),
+                              args=[], keywords=[])
+            self.add("copy", (s, "value", None), _located(copied, s.value))
+
+    def _guards(self, body, index):
+        """A statement that reads a parameter of self that is None in some layer (a Linear
+        without bias), kept for the layers that have it."""
+        s = self.statement
+        for node in ast.walk(s):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and \
+                    node.value.id == "self" and any(getattr(layer, node.attr, 0) is None
+                                                    for layer in self.scope.selves):
+                test = ast.Compare(left=_self(s, node.attr), ops=[ast.IsNot()],
+                                   comparators=[ast.Constant(value=None)])
+                self.add("guard", self.at(body, index), _located(ast.If(
+                    test=test, body=[s], orelse=[]), s), attribute=node.attr)
+                return
+
+    def _swapped_layers(self, body, index):
+        """Two layers' backward passes called in each other's place (self.proj for
+        self.proj_drop): their names swapped between two statements, or in one."""
+        here = _layer_calls(self.statement)
+        for later in body[index:]:
+            for first in here:
+                for second in _layer_calls(later):
+                    if first is second or first.attr == second.attr:
+                        continue
+                    self.add("order", [(first, "attr", None), (second, "attr", None)],
+                             [second.attr, first.attr], owners=[self.statement, later],
+                             what="layers", first=first.attr, second=second.attr)
 
     def _reversed(self, loop):
         it = loop.iter
@@ -419,10 +495,14 @@ class _Proposer:
             self._names(node, slot)
         elif isinstance(node, ast.Attribute) and node.attr == "T":
             self.add("transpose", slot, node.value, extra=0.5, what="untransposed")
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
+            self._attributes(node, slot)
         elif isinstance(node, ast.Call):
             self._call(node, slot)
         elif isinstance(node, ast.Subscript):
             self._index(node)
+            if isinstance(node.value, ast.Attribute) and node.value.attr == "shape":
+                self._sizes(node, slot)
         elif isinstance(node, (ast.Tuple, ast.List)) and len(node.elts) >= 2:
             defines = isinstance(node.ctx, ast.Store) or (
                 isinstance(slot[0], ast.Assign) and isinstance(slot[0].targets[0], ast.Tuple))
@@ -451,6 +531,9 @@ class _Proposer:
                      what="swapped")
             for field in ("left", "right"):
                 self._transposed((node, field, None))
+            product = ast.Call(func=ast.Attribute(value=node, attr="swapaxes", ctx=ast.Load()),
+                               args=[_number(-1, node), _number(-2, node)], keywords=[])
+            self.add("transpose", slot, _located(product, node), extra=0.5, what="product")
         elif isinstance(op, (ast.Mult, ast.Div)):
             for field, other in (("left", "right"), ("right", "left")):
                 if isinstance(op, ast.Div) and field == "left":
@@ -500,9 +583,22 @@ class _Proposer:
     def _names(self, node, slot):
         arrays = self.scope.shapes(self.line)
         if node.id in arrays:
+            sizes = {math.prod(s) for s in arrays[node.id]}
             for other, shapes in arrays.items():
                 if other != node.id and shapes & arrays[node.id]:
                     self.add("name", slot, _name(other, node), was=node.id, now=other)
+                elif other != node.id and {math.prod(s) for s in shapes} & sizes:
+                    self.add("name", slot, _name(other, node), extra=0.5, was=node.id,
+                             now=other)  # the same values in another shape (a reshape)
+            if _argument_of_backward(slot):  # self.fc2.backward(self.drop2.backward(dout))
+                for layer in self.scope.uncalled:
+                    self.add("backward", slot, _backward_call(layer, node), layer=layer)
+            if isinstance(slot[0], (ast.Attribute, ast.Call, ast.Subscript)):
+                for other, shapes in arrays.items():  # (dout * xhat).sum() for dout.sum()
+                    if other != node.id and shapes & arrays[node.id]:
+                        product = ast.BinOp(left=node, op=ast.Mult(), right=_name(other, node))
+                        self.add("factor", slot, _located(product, node), extra=0.5,
+                                 what="added", factor=_name(other, node))
             for function in FUNCTIONS:
                 self.add("call", slot, _located(ast.Call(func=ast.Attribute(
                     value=ast.Name(id="xp", ctx=ast.Load()), attr=function, ctx=ast.Load()),
@@ -513,8 +609,30 @@ class _Proposer:
         if node.id in numbers:
             for other, values in numbers.items():
                 if other != node.id and all(isinstance(v, int) for v in values):
-                    self.add("name", slot, _name(other, node), extra=1.0, was=node.id,
+                    self.add("name", slot, _name(other, node), extra=0.5, was=node.id,
                              now=other)
+
+    def _attributes(self, node, slot):
+        """self.head_dim for self.num_heads, self.stride for self.kernel_size: another
+        attribute of self of the same kind (a number, a pair)."""
+        if not (isinstance(node.value, ast.Name) and node.value.id == "self"):
+            return
+        for layer in self.scope.selves[:1]:
+            value = getattr(layer, node.attr, None)
+            kind = _kind_of(value)
+            if kind is None:
+                return
+            for other, held in vars(layer).items():
+                if other != node.attr and not other.startswith("_") and _kind_of(held) == kind:
+                    self.add("name", slot, _self(node, other), extra=0.5, was=f"self.{node.attr}",
+                             now=f"self.{other}")
+
+    def _sizes(self, node, slot):
+        """A size written as x.shape[i] replaced by a number in scope (V for dout.shape[0])."""
+        for other, values in self.scope.numbers(self.line).items():
+            if all(isinstance(v, int) for v in values):
+                self.add("name", slot, _name(other, node), extra=1.0, was=ast.unparse(node),
+                         now=other)
 
     def _call(self, node, slot):
         func = node.func
@@ -526,6 +644,11 @@ class _Proposer:
         elif method == "reshape" and len(node.args) >= 2 and not any(
                 isinstance(a, ast.Starred) for a in node.args):
             self._permutations(node, "args", "reshape")
+            self._moved_back(node, slot)
+        if method == "transpose" and node.args:
+            self.add("axes", slot, func.value, extra=0.5, what="transpose")
+        if method == "reshape":
+            self._transposed_first(node, slot)
         elif method == "swapaxes" and len(node.args) == 2:
             self._swapaxes(node)
         if _untransposed(node) is None and len(node.args) >= 2 and method not in (
@@ -594,6 +717,31 @@ class _Proposer:
             self.add("axes", [(node, field, None)], [new.args], extra=0 if moved == 2 else FAR,
                      what=what)
 
+    def _moved_back(self, node, slot):
+        """x.reshape(sizes in another order).transpose(back): the same shape, the entries
+        laid out as the forward's reshape had them (the sizes swapped or turned by three)."""
+        n = len(node.args)
+        for order in _near_orders(n):
+            back = [order.index(i) for i in range(n)]
+            reshaped = ast.Call(func=node.func, args=[node.args[i] for i in order],
+                                keywords=node.keywords)
+            moved = ast.Call(func=ast.Attribute(value=reshaped, attr="transpose", ctx=ast.Load()),
+                             args=[_number(b, node) for b in back], keywords=[])
+            self.add("axes", slot, _located(moved, node), extra=0.5, what="reshape")
+
+    def _transposed_first(self, node, slot):
+        """x.transpose(two axes swapped).reshape(...): the axes moved before they merge."""
+        receiver = node.func.value
+        shapes = self._shapes_of(receiver) or {(0,) * 4}
+        for ndim in {len(s) for s in shapes}:
+            for order in _near_orders(ndim, cycles=False):
+                turned = ast.Call(func=ast.Attribute(value=receiver, attr="transpose",
+                                                     ctx=ast.Load()),
+                                  args=[_number(i, node) for i in order], keywords=[])
+                new = ast.Call(func=ast.Attribute(value=turned, attr="reshape", ctx=ast.Load()),
+                               args=node.args, keywords=node.keywords)
+                self.add("axes", slot, _located(new, node), extra=0.5, what="transpose first")
+
     def _swapaxes(self, node):
         pairs = [(-1, -2), (0, 1), (1, 2), (2, 3), (1, 3), (0, 2)]
         current = tuple(_constant(a) for a in node.args)
@@ -639,83 +787,124 @@ class _Proposer:
     # terms -----------------------------------------------------------------------------
 
     def term(self, slot):
-        node = _get(slot)
-        if node is None:
-            return
-        self.add("sign", slot, _located(ast.UnaryOp(op=ast.USub(), operand=node), node),
-                 extra=0.5)
-        for factor, extra in self._factors():
-            for op in (ast.Mult(), ast.Div()):
-                self.add("factor", slot, _located(ast.BinOp(left=node, op=op, right=factor),
-                                                  node), extra=extra, what="added",
-                         factor=factor)
+        """Terms and factors added, signs flipped, a layer's backward applied. A factor of
+        a product takes none of these but a term, where it is a sum: what a factor would
+        get, the whole product gets."""
+        node, parent = _get(slot), slot[0]
+        if node is None or _constant(node) is not None:
+            return  # a number: the constant rule edits it
+        factor_of = isinstance(parent, ast.BinOp) and isinstance(parent.op, (ast.Mult, ast.Div))
+        is_sum = isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub))
+        if not factor_of:
+            self.add("sign", slot, _located(ast.UnaryOp(op=ast.USub(), operand=node), node),
+                     extra=0.5)
+            for factor, extra in self.factors:
+                for op in (ast.Mult(), ast.Div()):
+                    self.add("factor", slot, _located(ast.BinOp(left=node, op=op, right=factor),
+                                                      node), extra=extra, what="added",
+                             factor=factor, op=type(op).__name__)
         for layer in self.scope.uncalled:
             call = _backward_call(layer, node)
             self.add("backward", slot, call, layer=layer)
             self.add("backward", slot, _located(ast.BinOp(left=node, op=ast.Add(), right=call),
                                                 node), extra=0.5, layer=layer)
-        for term in self._terms(node):
+        if factor_of and not is_sum:
+            return
+        text = ast.unparse(node)
+        for term, own in self.terms:
+            if ast.unparse(term) == text:
+                continue
+            term = copy.deepcopy(term) if own else term  # it may hold the slot it goes into
             for op in (ast.Add(), ast.Sub()):
                 self.add("term", slot, _located(ast.BinOp(left=node, op=op, right=term), node),
                          term=ast.unparse(term))
+
+    @functools.cached_property
+    def factors(self):
+        return self._factors()
+
+    @functools.cached_property
+    def terms(self):
+        """(term, whether it is a node of this statement) for the terms ``_terms`` offers."""
+        here = {id(n) for n in ast.walk(self.statement)}
+        return [(term, id(term) in here) for term in self._terms()]
 
     def _factors(self):
         """(a factor node, the extra cost) for every factor in scope at this line: the
         numbers among the names and ``self``'s attributes, 2, then the arrays (the names,
         and the parameters of ``self``)."""
         line, like = self.line, self.statement
-        found = [_name(name, like) for name in self.scope.numbers(line)]
+        numbers = self.scope.numbers(line)
+        found = [_name(name, like) for name in numbers]
+        found += [_located(ast.BinOp(left=ast.Name(id=name, ctx=ast.Load()), op=ast.Sub(),
+                                     right=ast.Constant(value=1)), like)
+                  for name, values in numbers.items() if all(isinstance(v, int) for v in values)]
         found += [_self(like, attribute) for attribute in self.scope.attributes]
         found += [_number(2, like), _number(3, like)]
         found += [_size(name, axis, like) for name in self.scope.inputs
                   if name in self.scope.arrays(line) for axis in (0, -1)]
         arrays = [_name(name, like) for name in self.scope.arrays(line)]
         arrays += [_self(like, attribute, "data") for attribute in self.scope.parameters]
+        own = {ast.unparse(n) for n in ast.walk(self.source.tree)}
+        theirs = [copy.deepcopy(t) for t in self.scope.products if ast.unparse(t) not in own
+                  and self.known(t)]  # the reference's, where the code has no such factor
         return [(f, self._usual(f)) for f in found] + [(f, self._usual(f) + FAR / 2)
-                                                      for f in arrays]
+                                                      for f in arrays] + [(f, FAR) for f in theirs]
 
     def _usual(self, factor):
         """No extra cost for a factor the layer's code multiplies or divides by somewhere
         (the forward's self.scale), a little for one it does not (self.num_heads)."""
         return 0.0 if ast.unparse(factor) in self.scope.factors else 0.5
 
-    def _terms(self, node):
-        """Terms to add at this line: the names in scope; the sums and products of this
-        function and of ``scope.terms`` (the reference's) whose names are all known here;
-        and each reduction of this function (a mean over the features) taken of another
-        name in scope."""
-        seen, found = {ast.unparse(node)}, []
+    def _terms(self):
+        """Terms to add at this line: the names in scope; the terms of this function's sums
+        and of the reference's (``scope.sums``) whose names are all known here; and each
+        reduction among them (a mean over the features) taken of another name in scope."""
+        seen, found = set(), []
         arrays = list(self.scope.arrays(self.line))
-        candidates = [_name(n, node) for n in arrays]
-        own = [n for n in ast.walk(self.source.tree) if _is_term(n)]
-        candidates += own + list(self.scope.terms)
-        for call in [n for n in own + list(self.scope.terms) if isinstance(n, ast.Call)]:
-            candidates += [_taken_of(call, name) for name in arrays]
+        candidates = [_name(n, self.statement) for n in arrays]
+        own = [n for _, n in term_nodes(self.source.tree) if _is_term(n)]
+        candidates += own + list(self.scope.sums)
+        for term in own + list(self.scope.sums):
+            candidates += [t for t in (_taken_of(term, name) for name in arrays) if t is not None]
         for term in candidates:
             text = ast.unparse(term)
             if text not in seen and self.known(term):
                 seen.add(text)
-                found.append(copy.deepcopy(term))  # a copy: it may hold the slot it goes into
+                found.append(term)
         return found
 
     def known(self, node):
         """Whether every name ``node`` reads is bound here: a local in scope at this line,
         self, or a global or builtin of the function's module."""
-        names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
-        bound = set(self.scope.names(self.line)) | {"self"} | set(
+        return _names_in(node) <= self.bound
+
+    @functools.cached_property
+    def bound(self):
+        return set(self.scope.names(self.line)) | {"self"} | set(
             self.source.function.__globals__) | set(dir(builtins))
-        return names <= bound
 
     def reference(self, node, slot):
-        """The reference's expression of the same kind in place of this one (the same
-        function called, the same operator) where its names are known here."""
-        kind = _kind(node)
-        if kind is None:
-            return
-        text = ast.unparse(node)
+        """The reference's expression in place of this one where its names are known here:
+        one of the same kind (the same function called, the same operator); for the whole
+        value of a statement, one that reads every name this one reads; for a name, a call
+        of the reference's made on it (dx.reshape(...) for dx)."""
+        kind, text = _kind(node), ast.unparse(node)
+        whole = slot[1] == "value" and isinstance(slot[0], ast.stmt)
+        names = _names_in(node)
         for term in self.scope.terms:
-            if _kind(term) == kind and ast.unparse(term) != text and self.known(term):
-                self.add("reference", slot, term, term=ast.unparse(term))
+            if ast.unparse(term) == text or not self.known(term):
+                continue
+            if kind is not None and _kind(term) == kind:
+                self.add("reference", slot, copy.deepcopy(term), term=ast.unparse(term))
+            elif whole and names and names <= _names_in(term):
+                self.add("reference", slot, copy.deepcopy(term), extra=0.5,
+                         term=ast.unparse(term))
+        if isinstance(node, ast.Name) and node.id in self.scope.arrays(self.line):
+            for term in self.scope.terms:
+                made = _taken_of(term, node.id, first=True)
+                if made is not None and self.known(made):
+                    self.add("reference", slot, made, extra=0.5, term=ast.unparse(made))
 
 
 def _kind(node):
@@ -731,21 +920,47 @@ def _kind(node):
     return None
 
 
-def _taken_of(call, name):
-    """The same call of another name: ``g.mean(axis=-1)`` from ``(g * xhat).mean(axis=-1)``,
-    ``average(g)`` from ``average(g * xhat)`` (a reduction, or a function of one array)."""
+def _taken_of(term, name, first=False):
+    """``term`` taken of another name, or None. Where the term is a reduction (or a call of
+    one array), or one divided or multiplied by something, the reduction applied to
+    ``name``: ``g.mean(axis=-1)`` from ``(g * xhat).mean(axis=-1)``, ``average(g) / V``
+    from ``average(g * xhat) / V``. With ``first``, where the term is a call of any
+    function, the call with ``name`` as its first argument (or receiver):
+    ``dx.reshape(*dout.shape[:-1], D)`` from ``dx2.reshape(...)``."""
+    made = copy.deepcopy(term)
+    call = made
+    if not first and isinstance(made, ast.BinOp) and isinstance(made.op, (ast.Mult, ast.Div)):
+        call = made.left
+    if not isinstance(call, ast.Call) or takes_cache(call):
+        return None
     argument = ast.Name(id=name, ctx=ast.Load())
-    if isinstance(call.func, ast.Attribute) and call.func.attr in ("sum", "mean"):
-        func = ast.Attribute(value=argument, attr=call.func.attr, ctx=ast.Load())
-        return _located(ast.Call(func=func, args=call.args, keywords=call.keywords), call)
-    if len(call.args) == 1:
-        return _located(ast.Call(func=call.func, args=[argument], keywords=call.keywords), call)
-    return call
+    func = call.func
+    if isinstance(func, ast.Attribute) and (func.attr in ("sum", "mean") or first) and \
+            not _is_module(func.value):
+        call.func = ast.Attribute(value=argument, attr=func.attr, ctx=ast.Load())
+    elif call.args and (len(call.args) == 1 or first):
+        call.args = [argument, *call.args[1:]]
+    else:
+        return None
+    return _located(made, term)
+
+
+def takes_cache(node):
+    return isinstance(node, ast.Call) and ast.unparse(node.func).endswith("_take_cache")
+
+
+def _is_module(node):
+    """Whether a call's receiver is a module (xp.sum(...)), not an array (g.sum(...))."""
+    return isinstance(node, ast.Name) and node.id in ("xp", "np", "cp")
+
+
+def _names_in(node):
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
 
 
 def _is_term(node):
     return isinstance(node, (ast.BinOp, ast.Call)) and not isinstance(
-        getattr(node, "op", None), ast.Pow)
+        getattr(node, "op", None), ast.Pow) and not takes_cache(node)
 
 
 class _ListHolder:
@@ -788,15 +1003,22 @@ def _untransposed(node):
 
 
 def _index_variants(item):
+    """:1 for 1:, 1: for :-1, 0 for :1, a bound one more or less, a neighbouring index."""
     if isinstance(item, ast.Slice) and item.step is None:
-        lower, upper = _constant(item.lower) if item.lower else None, (
-            _constant(item.upper) if item.upper else None)
-        if item.lower is None and upper is not None:
-            yield ast.Slice(lower=item.upper, upper=None)
+        lower = _constant(item.lower) if item.lower is not None else None
+        upper = _constant(item.upper) if item.upper is not None else None
+        if item.lower is None and isinstance(upper, int):
+            for value in {upper, -upper}:
+                yield ast.Slice(lower=_number(value, item.upper), upper=None)
+            for value in (upper + 1, upper - 1):
+                yield ast.Slice(lower=None, upper=_number(value, item.upper))
             if upper == 1:
                 yield ast.Constant(value=0)
-        if item.upper is None and lower is not None:
-            yield ast.Slice(lower=None, upper=item.lower)
+        if item.upper is None and isinstance(lower, int):
+            for value in {lower, -lower}:
+                yield ast.Slice(lower=None, upper=_number(value, item.lower))
+            for value in (lower + 1, lower - 1):
+                yield ast.Slice(lower=_number(value, item.lower), upper=None)
     number = _constant(item)
     if isinstance(number, int):
         for value in (number + 1, number - 1):
@@ -821,12 +1043,56 @@ def _size(name, axis, like):
     return _located(ast.Subscript(value=shape, slice=_number(axis, like), ctx=ast.Load()), like)
 
 
+def _near_orders(n, cycles=True):
+    """The orders of n axes with two swapped, and (``cycles``) three turned round."""
+    found = []
+    for i, j in itertools.combinations(range(n), 2):
+        order = list(range(n))
+        order[i], order[j] = j, i
+        found.append(order)
+    if cycles:
+        for i, j, k in itertools.combinations(range(n), 3):
+            for a, b, c in ((j, k, i), (k, i, j)):
+                order = list(range(n))
+                order[i], order[j], order[k] = a, b, c
+                found.append(order)
+    return found
+
+
+def _kind_of(value):
+    """What kind of attribute value can stand for another: a number, a pair, or None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, tuple) and all(isinstance(v, int) for v in value):
+        return ("tuple", len(value))
+    return None
+
+
 def _self(like, *attributes):
     """self.a.b... as a node."""
     node = ast.Name(id="self", ctx=ast.Load())
     for attribute in attributes:
         node = ast.Attribute(value=node, attr=attribute, ctx=ast.Load())
     return _located(node, like)
+
+
+def _layer_calls(statement):
+    """The ``self.<layer>`` nodes of the layers' backward passes a statement calls."""
+    if isinstance(statement, (ast.For, ast.If, ast.While, ast.With)):
+        return []
+    return [n.func.value for n in ast.walk(statement) if isinstance(n, ast.Call)
+            and isinstance(n.func, ast.Attribute) and n.func.attr == "backward"
+            and isinstance(n.func.value, ast.Attribute)
+            and isinstance(n.func.value.value, ast.Name) and n.func.value.value.id == "self"]
+
+
+def _argument_of_backward(slot):
+    """Whether a slot is the argument of a layer's backward call."""
+    parent, field, _ = slot
+    return (isinstance(parent, ast.Call) and field == "args" and isinstance(
+        parent.func, ast.Attribute) and parent.func.attr == "backward")
 
 
 def _backward_call(layer, argument):

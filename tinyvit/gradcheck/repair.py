@@ -30,13 +30,22 @@ import numpy as np  # its floating-point warnings, silenced for candidates (CuPy
 
 from ..backend import is_array, xp
 from ..nn.module import Module, Parameter
-from .edits import Scope, edits, factors_in
+from .edits import Scope, edits, factors_in, takes_cache, term_nodes
 from .source import NotEditable, Source
 from .trace import in_tinyvit, trace
 
 BUDGET = 2.0  # seconds of search for one backward
+UPSTREAM = "the upstream gradient"  # what a backward must leave as it came
 CLOSER = math.log(1.5)  # an edit that shrinks the error this much (in log) is promising
 MOST_PROMISING = 40  # the promising edits paired with every other edit, at most
+SAME_LINE = 2.0  # edits this cheap are also paired with the others of their line
+ALIKE = 3.0  # edits this cheap are also paired with the others done the same way
+KIND = 0.5  # each kind of pair this much dearer than the kind before it (``_pairs``)
+GROUP = 60  # the cheapest edits of a group paired with each other, at most
+# the rules whose edit, made twice the same way, is one mistake made twice (the same axes,
+# factor, operator, transpose); names for others, swapped statements or added terms are not
+REPEATED = {"reduction", "factor", "transpose", "axes", "constant", "index", "accumulate",
+            "call", "copy", "guard"}
 
 
 @dataclasses.dataclass
@@ -64,14 +73,16 @@ class Probe:
         self.layers = [m for _, m in module.named_modules()]
         self.caches = [copy.deepcopy(m.cache) for m in self.layers]
         self.names = {id(p): name for name, p in module.named_parameters()}
-        self.data = [(p, p.data.copy()) for p in module.parameters()]
+        # each parameter's arrays, and its values: a candidate may write over either
+        self.arrays = [(p, p.data, p.data.copy(), p.grad) for p in module.parameters()]
 
     def restore(self):
+        """The forward's caches, and every parameter's own arrays and values, back."""
         for layer, cache in zip(self.layers, self.caches):
             layer.cache = copy.deepcopy(cache)
-        for p, data in self.data:
-            if p.data is not data:
-                p.data[...] = data
+        for p, data, values, grad in self.arrays:
+            p.data, p.grad = data, grad
+            data[...] = values
 
     def run(self):
         """{"input": dx, each parameter's name: its gradient, and ``outputs``'s} of one
@@ -85,9 +96,12 @@ class Probe:
         self.module.zero_grad()
 
     def backward(self):
-        """The backward from where ``start`` left it, and the gradients it gives."""
-        dx = self.module.backward(self.dout)
-        grads = {"input": dx}
+        """The backward from where ``start`` left it, and the gradients it gives; under
+        ``UPSTREAM``, the upstream gradient as the backward left it (a backward that
+        changes it in place changes its caller's gradient)."""
+        dout = self.dout.copy() if is_array(self.dout) else self.dout
+        dx = self.module.backward(dout)
+        grads = {"input": dx, UPSTREAM: dout}
         grads.update((self.names[id(p)], p.grad.copy()) for p in self.module.parameters())
         if self.outputs:
             grads.update(self.outputs(self.module))
@@ -96,7 +110,7 @@ class Probe:
     def accumulates(self, once):
         """Whether a second backward, without zero_grad, doubles every parameter's gradient."""
         self.restore()
-        self.module.backward(self.dout)
+        self.module.backward(self.dout.copy() if is_array(self.dout) else self.dout)
         for p in self.module.parameters():
             first = once[self.names[id(p)]]
             if float(xp.abs(p.grad - 2 * first).max()) > 1e-12 * float(xp.abs(first).max()):
@@ -159,6 +173,8 @@ def search(probe, expected, tol, budget=BUDGET, own_only=False, reference=None, 
     cases). Returns a ``Search``."""
     started = time.perf_counter()
     deadline = started + budget
+    if is_array(probe.dout):
+        expected = {**expected, UPSTREAM: probe.dout}
     probe.start()
     grads, recorded = trace(probe.backward, own_only)
     baseline = None if isinstance(grads, Exception) else measure(grads, expected)
@@ -187,8 +203,8 @@ def search(probe, expected, tol, budget=BUDGET, own_only=False, reference=None, 
         if runner.fixes([edit], outcome):
             return Search(Fix([edit], tried, time.perf_counter() - started), tried,
                           time.perf_counter() - started, recorded, sources)
-        if baseline is not None and outcome.distance < baseline.distance - CLOSER:
-            promising.append((outcome.distance, edit))
+        if baseline is None or outcome.distance < baseline.distance - CLOSER:
+            promising.append((outcome.distance, edit))  # closer, or runs where it raised
     promising = [e for _, e in sorted(promising, key=lambda item: (item[0], item[1].cost))]
     for first, second in _pairs(promising[:MOST_PROMISING], singles):
         if time.perf_counter() > deadline:
@@ -202,21 +218,48 @@ def search(probe, expected, tol, budget=BUDGET, own_only=False, reference=None, 
 
 
 def _pairs(promising, singles):
-    """Two promising edits together first, then a promising one with any other, the
-    cheaper pairs first within each."""
-    seen = set()
-    for group in (promising, singles):
-        pairs = []
-        for i, first in enumerate(promising):
-            for second in group[i + 1:] if group is promising else group:
-                if first is second or first.clashes(second):
-                    continue
-                key = frozenset((id(first), id(second)))
-                if key not in seen:
-                    seen.add(key)
-                    pairs.append((first.cost + second.cost, i, first, second))
-        pairs.sort(key=lambda item: item[:2])
-        yield from ((first, second) for *_, first, second in pairs)
+    """Pairs of edits, the likelier first: the same mistake made twice (one rule, the same
+    way, on two lines or two places of one: both means over the wrong axes, both products
+    divided by the scale); two promising edits; two cheap edits of one line (two mistakes
+    that each alone still fail: ``ho * kh, wo * kw`` for ``ho * sh, wo * sw``); a promising
+    edit with any other. Ordered by their costs added, each kind of pair a little dearer
+    than the kind before it."""
+    alike, lines = {}, {}
+    for e in singles:
+        if e.cost <= ALIKE and e.rule in REPEATED:
+            alike.setdefault(_how(e), []).append(e)
+        if e.cost <= SAME_LINE:
+            lines.setdefault(e.line, []).append(e)
+    kinds = ([group[:GROUP] for group in alike.values()], [promising],
+             [group[:GROUP] for group in lines.values()])
+    pairs, seen = [], set()
+
+    def add(first, second, rank):
+        key = frozenset((id(first), id(second)))
+        if first is not second and key not in seen and not first.clashes(second):
+            seen.add(key)
+            # the same mistake twice costs little more than once
+            cost = max(first.cost, second.cost) + KIND if rank == 0 else first.cost + second.cost
+            pairs.append((cost + KIND * rank, len(pairs), first, second))
+
+    for rank, groups in enumerate(kinds):
+        for group in groups:
+            for i, first in enumerate(group):
+                for second in group[i + 1:]:
+                    add(first, second, rank)
+    for first in promising[:GROUP // 4]:
+        for second in singles[:GROUP * 4]:
+            add(first, second, len(kinds))
+    pairs.sort(key=lambda item: item[:2])
+    return [(first, second) for *_, first, second in pairs]
+
+
+def _how(edit):
+    """The way an edit is done, beside where: its rule, and its axes, operator, factor or
+    replacement."""
+    keys = ("what", "axes", "now", "factor", "op", "layer")
+    return (edit.rule, *(ast.unparse(v) if isinstance(v, ast.AST) else v
+                         for v in (edit.detail.get(k) for k in keys)))
 
 
 class _Runner:
@@ -324,26 +367,29 @@ def scope_of(recorded, source, pending, reference=None):
                     if isinstance(value, Module) and id(value) in pending]
     parameters = [name for name, value in vars(selves[0]).items()
                   if isinstance(value, Parameter)] if selves else []
-    terms, right = (), frozenset()
+    terms, right, sums, products = (), frozenset(), (), ()
     if reference is not None:
         terms = tuple(n for n in ast.walk(reference) if isinstance(
-            n, (ast.Call, ast.BinOp, ast.Subscript)) and not _takes_cache(n))
+            n, (ast.Call, ast.BinOp, ast.Subscript)) and not takes_cache(n))
         right = frozenset(ast.unparse(n) for n in ast.walk(reference) if isinstance(n, ast.stmt))
+        sums = tuple(n for _, n in term_nodes(reference) if not isinstance(n, ast.Name))
+        products = tuple(side for n in ast.walk(reference) if isinstance(n, ast.BinOp)
+                         and isinstance(n.op, ast.Mult) for side in (n.left, n.right)
+                         if isinstance(side, (ast.BinOp, ast.Call)))
     return Scope(lambda line: recorded.scope(source.code, line), attributes, tuple(uncalled),
                  terms, tuple(selves), tuple(parameters),
                  factors_in([source.tree, *_class_trees(selves[:1])]), _inputs(source.tree),
-                 right)
+                 right, sums, products)
 
 
-def _takes_cache(node):
-    return isinstance(node, ast.Call) and ast.unparse(node.func).endswith("_take_cache")
+
 
 
 def _inputs(tree):
     """The names a function is given: its arguments, and what it unpacks from its cache."""
     names = [a.arg for a in tree.args.args + tree.args.kwonlyargs if a.arg != "self"]
     for node in ast.walk(tree):
-        if isinstance(node, ast.Assign) and _takes_cache(node.value):
+        if isinstance(node, ast.Assign) and takes_cache(node.value):
             for target in node.targets:
                 names += [n.id for n in ast.walk(target) if isinstance(n, ast.Name)]
     return tuple(names)

@@ -101,17 +101,20 @@ def trace(run, own_only=False):
     calls, stack, counter, editable = [], [], [0], {}
 
     def local(frame, event, arg):
-        call = stack[-1] if stack and stack[-1][0] is frame else None
-        if call is None:
+        if not stack or stack[-1][0] is not frame:
             return None
+        _, call, _ = stack[-1]
         counter[0] += 1
-        if event == "line":
-            call[1].scopes.setdefault(frame.f_lineno, _snapshot(frame.f_locals))
-        elif event == "return":
-            call[1].end = counter[0]
-            call[1].returned = arg
-            call[1].scopes.setdefault("return", _snapshot(frame.f_locals))
+        if event == "return":
             stack.pop()
+        if call is None:  # a layer's backward that is not to be edited: its end alone
+            return local
+        if event == "line":
+            call.scopes.setdefault(frame.f_lineno, _snapshot(frame.f_locals))
+        elif event == "return":
+            call.end = counter[0]
+            call.returned = arg
+            call.scopes.setdefault("return", _snapshot(frame.f_locals))
         return local
 
     def tracer(frame, event, arg):
@@ -122,12 +125,14 @@ def trace(run, own_only=False):
             editable[code] = editable_code(code, own_only)
         owner = frame.f_locals.get("self")
         root = isinstance(owner, Module) and "backward" in code.co_name
-        if not editable[code] or not (root or (stack and stack[-1][2])):
+        if not (root or (stack and stack[-1][2])):
             return None  # a layer's backward, or a function one of them calls: no deeper
         counter[0] += 1
-        call = Call(code, counter[0], module=owner if isinstance(owner, Module) else None,
-                    globals=frame.f_globals)
-        calls.append(call)
+        call = None
+        if editable[code]:
+            call = Call(code, counter[0], module=owner if isinstance(owner, Module) else None,
+                        globals=frame.f_globals)
+            calls.append(call)
         stack.append((frame, call, root))
         return local
 

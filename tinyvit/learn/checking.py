@@ -150,7 +150,8 @@ def _check_case(ex, yours, case, where):
     where = f"exercise {ex.number} ({ex.title}), {where}, input {_shapes(inputs)}"
     dout = _upstream(mine, inputs, before_forward)
     expected = _backward(ex, theirs, inputs, their_before, dout, where, learner=False)
-    repair = _Repair(ex, yours, mine, inputs, before_forward, dout,
+    repair = _Repair(ex, yours, mine, inputs, before_forward,  # dout as it came: a backward
+                     dout.copy() if is_array(dout) else dout,  # may change it in place
                      {**expected, **_intermediate_grads(theirs)})
     computed = _backward(ex, mine, inputs, before_forward, dout, where, repair=repair)  # 1, 2
     _accumulates(ex, mine, inputs, before_forward, dout, computed, where, repair)  # stage 3
