@@ -89,11 +89,14 @@ class Mutant:
     fix: str = ""
 
 
-def generate():
-    """Every mutant, case by case: (case name, build, Mutant, the edit's function)."""
+def generate(names=None):
+    """Every mutant, case by case (of the cases ``names``, or all): (case name, build,
+    Mutant, the edit's function). A function is mutated in the first case that runs it."""
     seen = set()
     with backend.default_dtype("float64"):
         for name, build in cases():
+            if names and name not in names:
+                continue
             module, inputs, before_forward = build()
             probe = _probe(module, inputs, before_forward)
             probe.start()

@@ -34,9 +34,7 @@ import mutants as mutant_set  # noqa: E402
 
 def measure_mutants(names, budget, out):
     rows, built, started = [], {}, time.perf_counter()
-    for case_name, build, mutant, function in mutant_set.generate():
-        if names and case_name not in names:
-            continue
+    for case_name, build, mutant, function in mutant_set.generate(names):
         if case_name not in built:
             built[case_name] = mutant_set.Case(build)
         mutant_set.run(built[case_name], mutant, function, budget)
@@ -122,6 +120,17 @@ def run_mistake(workbook, mistake, tag):
     row["verdict"] = ("fixed at the right line" if lines & set(mistake.right)
                       else "fixed elsewhere")
     return row
+
+
+def run_right(workbook, mistake, tag):
+    """Whether the mistake's body with its ``right`` lines put in passes its exercise."""
+    ex = by_name(mistake.exercise)
+    lines = mistake.body.strip("\n").splitlines()
+    for number, text in mistake.right.items():
+        lines[number - 1] = text
+    path = workbook / ex.filename
+    path.write_text(_with_body(render(ex), ex, "\n".join(lines)))
+    return _failure(path, ex, tag) is None
 
 
 def _with_body(text, ex, body):

@@ -76,3 +76,35 @@ def test_an_edited_backward_is_what_is_checked_and_what_runs(monkeypatch):
     assert ("        q rows, every head: right\n"
             "        k rows, every head: computed/expected = 0.5 = 1/sqrt(Dh), Dh = 4 (the "
             "1/sqrt(Dh) scale is applied twice, or a stray factor of 1/2)\n") in str(failed.value)
+
+
+MY_LAYERS = '''from tinyvit.nn.layers import Linear
+
+
+class MyLinear(Linear):
+    def backward(self, dout):
+        x2 = self._take_cache()
+        dout2 = dout.reshape(-1, self.out_features)
+        self.weight.grad += dout2.T @ x2
+        self.bias.grad += dout2.mean(axis=0)
+        return (dout2 @ self.weight.data).reshape(*dout.shape[:-1], self.in_features)
+'''
+
+
+def test_the_printed_fix_is_the_one_a_layer_of_ones_own_gets(tmp_path, monkeypatch):
+    """The README's failing report, line for line (the search's count and time aside), from
+    the layer it describes in its own file."""
+    (tmp_path / "my_layers.py").write_text(MY_LAYERS)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from my_layers import MyLinear
+
+    from tinyvit.gradcheck import assert_gradients, randn
+    shown = README.read_text().split("it fails with\n\n```\n")[1].split("```")[0].splitlines()
+    with pytest.raises(AssertionError) as failed:
+        assert_gradients(MyLinear(8, 4), randn(2, 5, 8))
+    lines = str(failed.value).splitlines()
+    start = lines.index(shown[0])
+    timing = re.compile(r"trying \d+ edits of the code in [\d.]+ s")
+    assert [timing.sub("", line) for line in lines[start:start + len(shown)]] == [
+        timing.sub("", line) for line in shown]

@@ -271,9 +271,9 @@ def _factor_reason(edit):
     factor = _text(edit.detail.get("factor", ""))
     if what == "added":
         op = edit.new[0].op if isinstance(edit.new[0], ast.BinOp) else None
-        verb = "divided" if isinstance(op, ast.Div) else "multiplied"
-        return (f"by the chain rule the gradient is {verb} by {factor}, as the value was on "
-                "its way forward")
+        missing = "a division by" if isinstance(op, ast.Div) else "a factor of"
+        return (f"{missing} {factor} was missing here (by the chain rule, each factor the "
+                "forward applied on the way multiplies the gradient too)")
     if what == "removed":
         return f"{factor} is not a factor of this gradient"
     return "a division where the derivation multiplies (or the other way round)"
@@ -329,7 +329,7 @@ REASONS = {
     "call": lambda edit: (f"{edit.detail['function']} applied, as the forward applies it"
                           if edit.detail["what"] == "applied" else
                           f"{edit.detail['function']} is not applied here"),
-    "term": lambda edit: f"the term {edit.detail['term']} belongs to this gradient",
+    "term": lambda edit: f"the term {edit.detail['term']} was missing here",
     "reference": lambda edit: f"{edit.detail['term']} is what tinyvit's own backward computes here",
     "copy": lambda edit: ("an array of its own: changed in place, a name shared with another "
                           "(the upstream gradient, a cached value) changes that one too"),

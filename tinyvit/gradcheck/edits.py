@@ -514,6 +514,8 @@ class _Proposer:
 
     def _binop(self, node, slot):
         op = node.op
+        if isinstance(slot[0], ast.BinOp):  # an operand of arithmetic: average(g * xhat)
+            self._applied(node, slot)
         if isinstance(op, (ast.Add, ast.Sub)):
             flipped = _located(ast.BinOp(left=node.left, op=ast.Sub() if isinstance(op, ast.Add)
                                          else ast.Add(), right=node.right), node)
@@ -604,6 +606,7 @@ class _Proposer:
                     value=ast.Name(id="xp", ctx=ast.Load()), attr=function, ctx=ast.Load()),
                     args=[node], keywords=[]), node), extra=0.5, what="applied",
                     function=f"xp.{function}")
+            self._applied(node, slot)
             return
         numbers = self.scope.numbers(self.line)
         if node.id in numbers:
@@ -611,6 +614,30 @@ class _Proposer:
                 if other != node.id and all(isinstance(v, int) for v in values):
                     self.add("name", slot, _name(other, node), extra=0.5, was=node.id,
                              now=other)
+
+    def _applied(self, node, slot):
+        """A function this code calls on one array elsewhere (average, normal_pdf) applied
+        here too, to a name or to an operand of arithmetic."""
+        for func in self.unary:
+            if ast.unparse(func) in ast.unparse(node):
+                continue
+            self.add("call", slot, _located(ast.Call(func=copy.deepcopy(func), args=[node],
+                                                     keywords=[]), node),
+                     what="applied", function=ast.unparse(func))
+
+    @functools.cached_property
+    def unary(self):
+        """The functions this code calls with one argument and nothing else, once each (the
+        functions of FUNCTIONS aside: they are applied anyway)."""
+        found = {}
+        for node in ast.walk(self.source.tree):
+            if isinstance(node, ast.Call) and len(node.args) == 1 and not node.keywords and \
+                    not isinstance(node.args[0], ast.Starred):
+                text = ast.unparse(node.func)
+                if not text.endswith(tuple(f".{f}" for f in FUNCTIONS)) and \
+                        not text.endswith(("_take_cache", ".backward")):
+                    found.setdefault(text, node.func)
+        return list(found.values())
 
     def _attributes(self, node, slot):
         """self.head_dim for self.num_heads, self.stride for self.kernel_size: another

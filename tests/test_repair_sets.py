@@ -1,0 +1,64 @@
+"""The repair search on the two sets ``benchmarks/repair.py`` measures. Set (b), the learner
+mistakes of ``benchmarks/mistakes.py``: each fails its exercise's check, its corrected
+lines pass it, and a fix, where one is printed, put into the file as printed, passes; nine
+in ten at least are fixed. Set (a), every single-edit mutant of a reference backward: a
+sample of it, each failing the gradient check and repaired at its own line."""
+
+from pathlib import Path
+
+import pytest
+
+from conftest import load_script
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def repair():
+    return load_script(BENCHMARKS / "repair.py")
+
+
+@pytest.fixture(scope="module")
+def workbook(tmp_path_factory, repair):
+    folder = tmp_path_factory.mktemp("sets") / "workbook"
+    repair.start(folder)
+    return folder
+
+
+@pytest.mark.slow
+def test_every_learner_mistake_is_caught_and_nine_in_ten_are_fixed(repair, workbook,
+                                                                   monkeypatch):
+    """Each mistake's corrected lines pass (so the set stays true as the exercises change),
+    the mistake itself fails, and no printed fix is wrong."""
+    mistakes = load_script(BENCHMARKS / "mistakes.py")
+    monkeypatch.chdir(workbook)  # as pytest runs in a workbook: its files by their names
+    verdicts = {}
+    for number, mistake in enumerate(mistakes.MISTAKES):
+        row = repair.run_mistake(workbook, mistake, f"b{number}")
+        assert row["verdict"] not in ("not caught", "fix wrong"), (mistake.what, row)
+        assert repair.run_right(workbook, mistake, f"r{number}"), mistake.what
+        verdicts[mistake.what] = row["verdict"]
+    fixed = sum(v.startswith("fixed") for v in verdicts.values())
+    assert fixed >= 0.9 * len(verdicts), {w: v for w, v in verdicts.items() if v == "named"}
+
+
+def test_a_sample_of_the_mutants_is_repaired_at_its_line(repair):
+    mutants = repair.mutant_set
+    cases, tried = {}, 0
+    for number, (name, build, mutant, function) in enumerate(mutants.generate(SMALL)):
+        if number % SAMPLE:
+            continue
+        if name not in cases:
+            cases[name] = mutants.Case(build)
+        mutants.run(cases[name], mutant, function)
+        if mutant.outcome in ("raises", "no effect"):
+            continue
+        tried += 1
+        assert mutant.check_failed and mutant.fixed and mutant.restores, vars(mutant)
+        assert mutant.right_line, vars(mutant)
+    assert tried >= 20
+
+
+SMALL = ("Linear", "LayerNorm", "GELU", "Tanh", "Dropout", "Residual", "Attention",
+         "MaxPool2d", "SoftmaxCrossEntropy")
+SAMPLE = 37  # every 37th mutant of those cases' backward passes
