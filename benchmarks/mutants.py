@@ -1,10 +1,11 @@
 """Set (a) of the repair search's measurement: every single-edit mutant of every reference
-backward that the error model (tinyvit/gradcheck/edits.py) can produce and that changes the
+backward that the error model (tinyvit/gradcheck/error_model.py) can produce and that changes the
 gradient.
 
 For each case of ``python -m tinyvit.gradcheck`` (every layer, the loss, a ViT, a hybrid),
-the reference tier's backward runs once under the trace; each function it runs is mutated
-in the first case that runs it, by every edit the error model proposes, one at a time. A
+the reference tier's backward runs once under the trace; each function it runs (but those
+its forward runs too, which a mutant would change under the check) is mutated in the first
+case that runs it, by every edit the error model proposes, one at a time. A
 mutant is planted as if its file said so (``planted``: the file's text, as Python's
 ``linecache`` serves it to the search, and the function's code), then:
 
@@ -26,7 +27,7 @@ from tinyvit import backend
 from tinyvit.gradcheck import gradient_check, numeric_gradient
 from tinyvit.gradcheck.answer import changes
 from tinyvit.gradcheck.cases import cases
-from tinyvit.gradcheck.edits import edits
+from tinyvit.gradcheck.error_model import edits
 from tinyvit.gradcheck.repair import BUDGET, Fix, Probe, measure, scope_of
 from tinyvit.gradcheck.trace import trace
 
@@ -103,8 +104,8 @@ def generate(names=None):
             _, recorded = trace(probe.backward)
             pending = {id(m) for m in probe.pending()}
             for source in recorded.sources:
-                if source.code in seen:
-                    continue
+                if source.code in seen or source.code in probe.forward_codes:
+                    continue  # once each; and not what the forward runs too (normal_cdf)
                 seen.add(source.code)
                 for edit in edits(source, scope_of(recorded, source, pending)):
                     change = changes(Fix([edit], 0, 0.0))[0]

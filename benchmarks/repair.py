@@ -67,14 +67,18 @@ def measure_mistakes(out):
             for number, mistake in enumerate(mistake_set.MISTAKES):
                 row = run_mistake(workbook, mistake, f"m{number}")
                 rows.append(row)
-                print(f"{mistake.exercise:<18} {row['seconds']:5.2f}s {row['verdict']:<22} "
+                print(f"{mistake.exercise:<18} {row['seconds']:5.2f}s {row['verdict']:<24} "
                       f"{mistake.what}", flush=True)
         finally:
             os.chdir(cwd)
+    searches = [r["search_s"] for r in rows if r["search_s"] is not None]
     summary = {"mistakes": len(rows), **{
         key: sum(r["verdict"] == key for r in rows) for key in VERDICTS},
-        "median s": round(statistics.median(r["seconds"] for r in rows), 2),
-        "worst s": round(max(r["seconds"] for r in rows), 2),
+        "searches": len(searches),
+        "search median s": round(statistics.median(searches), 2),
+        "search worst s": round(max(searches), 2),
+        "check median s": round(statistics.median(r["seconds"] for r in rows), 2),
+        "check worst s": round(max(r["seconds"] for r in rows), 2),
         "wall_s": round(time.perf_counter() - started, 1)}
     print(json.dumps(summary, indent=1))
     if out:
@@ -83,6 +87,7 @@ def measure_mistakes(out):
 
 VERDICTS = ("fixed at the right line", "fixed elsewhere", "named", "not caught", "fix wrong")
 FIX_LINE = re.compile(r"^ {6}line (\d+) of (\S+) \(([^)]*)\):(.*)$")
+SEARCHED = re.compile(r"(?:edits of the code|tried) in ([\d.]+) s")
 
 
 def run_mistake(workbook, mistake, tag):
@@ -95,8 +100,9 @@ def run_mistake(workbook, mistake, tag):
     started = time.perf_counter()
     paragraph = _failure(path, ex, tag)
     seconds = time.perf_counter() - started
+    searched = SEARCHED.search(paragraph or "")
     row = {"exercise": mistake.exercise, "what": mistake.what, "seconds": round(seconds, 2),
-           "paragraph": paragraph}
+           "search_s": float(searched.group(1)) if searched else None, "paragraph": paragraph}
     if paragraph is None:
         row["verdict"] = "not caught"
         return row

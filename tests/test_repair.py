@@ -16,7 +16,7 @@ from tinyvit import backend as B
 from tinyvit.gradcheck import gradient_check, seeded_dropout
 from tinyvit.gradcheck.answer import changes
 from tinyvit.gradcheck.diagnose import read_ratio
-from tinyvit.gradcheck.edits import COSTS, edits
+from tinyvit.gradcheck.error_model import COSTS, edits
 from tinyvit.gradcheck.repair import Probe, scope_of, search
 from tinyvit.gradcheck.source import Source
 from tinyvit.gradcheck.trace import trace

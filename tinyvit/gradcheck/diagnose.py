@@ -185,10 +185,13 @@ def read_ratio(ratio, head_dim=None, rows=None, named=(), counts=()):
 
 
 def _counts(context):
-    """The numbers of values the input holds along any of its axes together."""
-    shape = getattr(context.x, "shape", ())
-    return {math.prod(shape[i] for i in range(len(shape)) if mask >> i & 1)
-            for mask in range(1, 2 ** len(shape))}
+    """The numbers of values the input, or the upstream gradient, holds along any of its
+    axes together (the rows a parameter's gradient sums over are some of them)."""
+    found = set()
+    for shape in (getattr(context.x, "shape", ()), getattr(context.dout, "shape", ())):
+        found |= {math.prod(shape[i] for i in range(len(shape)) if mask >> i & 1)
+                  for mask in range(1, 2 ** len(shape))}
+    return found
 
 
 def _named(name, context):

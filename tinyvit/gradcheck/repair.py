@@ -5,7 +5,7 @@ smallest correction that passes).
 
 1. The backward runs once under a trace (``trace.py``): which functions it called, the
    names in scope at each line and their shapes, which layers' backward ran when.
-2. The error model (``edits.py``) proposes every single edit of those functions. They are
+2. The error model (``error_model.py``) proposes every single edit of those functions. They are
    tried in order: the user's own code before tinyvit's, the code that ran just before
    the first gradient that came out wrong before the rest, the cheaper rules first.
 3. Each candidate is compiled into the function object and run on the same cached
@@ -30,9 +30,10 @@ import numpy as np  # its floating-point warnings, silenced for candidates (CuPy
 
 from ..backend import is_array, xp
 from ..nn.module import Module, Parameter
-from .edits import Scope, edits, factors_in, takes_cache, term_nodes
+from .edits import Scope, takes_cache, term_nodes
+from .error_model import edits, factors_in
 from .source import NotEditable, Source
-from .trace import in_tinyvit, trace
+from .trace import called, in_tinyvit, trace
 
 BUDGET = 2.0  # seconds of search for one backward
 UPSTREAM = "the upstream gradient"  # what a backward must leave as it came
@@ -69,7 +70,7 @@ class Probe:
         """``forward()`` runs the forward (with its dropout masks seeded); ``outputs(module)``
         adds gradients kept elsewhere than ``.grad`` ({"dxhat": ...})."""
         self.module, self.dout, self.outputs = module, dout, outputs
-        forward()
+        _, self.forward_codes = called(forward)
         self.layers = [m for _, m in module.named_modules()]
         self.caches = [copy.deepcopy(m.cache) for m in self.layers]
         self.names = {id(p): name for name, p in module.named_parameters()}
@@ -181,7 +182,7 @@ def search(probe, expected, tol, budget=BUDGET, own_only=False, reference=None, 
     if baseline is not None and baseline.passes(tol) and probe.accumulates(grads):
         return Search(None, 0, time.perf_counter() - started, recorded, [])  # nothing wrong
     pending = {id(m) for m in probe.pending()}
-    sources = recorded.sources
+    sources = [s for s in recorded.sources if s.code not in probe.forward_codes]
     if own_only:
         sources = [s for s in sources if not in_tinyvit(s.path)]
     ranks = _ranks(recorded, sources, probe, baseline, tol)
@@ -373,9 +374,7 @@ def scope_of(recorded, source, pending, reference=None):
             n, (ast.Call, ast.BinOp, ast.Subscript)) and not takes_cache(n))
         right = frozenset(ast.unparse(n) for n in ast.walk(reference) if isinstance(n, ast.stmt))
         sums = tuple(n for _, n in term_nodes(reference) if not isinstance(n, ast.Name))
-        products = tuple(side for n in ast.walk(reference) if isinstance(n, ast.BinOp)
-                         and isinstance(n.op, ast.Mult) for side in (n.left, n.right)
-                         if isinstance(side, (ast.BinOp, ast.Call)))
+        products = _factors_of(reference)
     return Scope(lambda line: recorded.scope(source.code, line), attributes, tuple(uncalled),
                  terms, tuple(selves), tuple(parameters),
                  factors_in([source.tree, *_class_trees(selves[:1])]), _inputs(source.tree),
@@ -383,6 +382,21 @@ def scope_of(recorded, source, pending, reference=None):
 
 
 
+
+
+def _factors_of(tree):
+    """The factors of a tree's products that are products or calls themselves, a name
+    standing for such a factor counted as its value (``du_dx = TANH_C * (...)``)."""
+    values = {n.targets[0].id: n.value for n in ast.walk(tree) if isinstance(n, ast.Assign)
+              and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name)}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+            for side in (node.left, node.right):
+                side = values.get(side.id, side) if isinstance(side, ast.Name) else side
+                if isinstance(side, (ast.BinOp, ast.Call)):
+                    found.append(side)
+    return tuple(found)
 
 
 def _inputs(tree):

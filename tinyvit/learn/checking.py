@@ -235,10 +235,13 @@ class _Repair:
         return True
 
     def lines(self):
-        """The fix, said, or nothing where none was found."""
+        """The fix, said, or how far the search looked where it found none."""
         found = self.search
-        if found is None or found.fix is None:
+        if found is None:
             return []
+        if found.fix is None:
+            return [f"no edit of one or two lines of yours makes every case right "
+                    f"({found.tried} tried in {found.seconds:.2f} s)"]
         return said(found.fix, found, _derivations(self.ex),
                     section_of=lambda edit: derivation(self.ex.section))
 
