@@ -3,7 +3,7 @@ mutant of every reference backward (``mutants.py``), and on set (b), the learner
 of ``mistakes.py``, each through the workbook's check.
 
     python benchmarks/repair.py mutants [--case Linear ...] [--json FILE]
-    python benchmarks/repair.py mistakes [--json FILE]
+    python benchmarks/repair.py mistakes [--file SET] [--json FILE]
 
 Prints per case the mutants, the share the check fails, the share repaired at the mutated
 line, the share with any passing fix, and the search's median and worst time; the
@@ -23,6 +23,7 @@ import textwrap
 import time
 from pathlib import Path
 
+from tinyvit.gradcheck.answer import TAKEN_OUT
 from tinyvit.learn import ExerciseFailed
 from tinyvit.learn.exercises import by_name
 from tinyvit.learn.workbook import BEGIN, render, start
@@ -52,11 +53,15 @@ def measure_mutants(names, budget, out):
                                         indent=1))
 
 
-def measure_mistakes(out):
-    """Each mistake of mistakes.py in its exercise of a new workbook, checked as a learner's
-    pytest would: the check must fail; a fix, where one is printed, is put into the file as
-    printed and the check run again, which must pass."""
-    import mistakes as mistake_set
+def measure_mistakes(out, path=None):
+    """Each mistake of mistakes.py (or of the file ``path``, written alike) in its exercise
+    of a new workbook, checked as a learner's pytest would: the check must fail; a fix,
+    where one is printed, is put into the file as printed and the check run again, which
+    must pass."""
+    spec = importlib.util.spec_from_file_location(
+        "mistake_set", path or Path(__file__).resolve().parent / "mistakes.py")
+    mistake_set = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mistake_set)
     rows, started = [], time.perf_counter()
     with tempfile.TemporaryDirectory() as folder:
         workbook = Path(folder) / "workbook"
@@ -111,7 +116,7 @@ def run_mistake(workbook, mistake, tag):
         row["verdict"] = "named"
         return row
     text = path.read_text().splitlines()
-    for line, before, after in fixes:
+    for line, before, after in sorted(fixes, reverse=True):  # the lines below move first
         if " ".join(x.strip() for x in text[line - 1:line - 1 + len(before)]) != " ".join(
                 x.strip() for x in before):
             row["verdict"] = "fix wrong"
@@ -182,7 +187,7 @@ def _printed_fixes(paragraph):
         number, rest = int(match.group(1)), match.group(4)
         if rest.strip():
             before, after = rest.strip().split("  ->  ")
-            found.append((number, [before], [after]))
+            found.append((number, [before], [] if after == TAKEN_OUT else [after]))
             continue
         before, after, j = [], [], i + 1
         while not lines[j].startswith("         -> "):
@@ -192,7 +197,7 @@ def _printed_fixes(paragraph):
         while j + 1 < len(lines) and lines[j + 1].startswith(" " * 12):
             j += 1
             after.append(lines[j][12:])
-        found.append((number, before, after))
+        found.append((number, before, [] if after == [TAKEN_OUT] else after))
     return found
 
 
@@ -221,11 +226,12 @@ def main(argv=None):
     p.add_argument("--case", nargs="+", help="these cases of python -m tinyvit.gradcheck alone")
     p.add_argument("--budget", type=float, default=2.0, help="seconds per search")
     p.add_argument("--json", help="write every result here")
+    p.add_argument("--file", help="mistakes: another set, written as mistakes.py is")
     args = p.parse_args(argv)
     if args.set == "mutants":
         measure_mutants(args.case, args.budget, args.json)
     else:
-        measure_mistakes(args.json)
+        measure_mistakes(args.json, args.file)
 
 
 if __name__ == "__main__":

@@ -42,9 +42,11 @@ def test_every_learner_mistake_is_caught_and_nine_in_ten_are_fixed(repair, workb
     assert fixed >= 0.9 * len(verdicts), {w: v for w, v in verdicts.items() if v == "named"}
 
 
-def test_a_sample_of_the_mutants_is_repaired_at_its_line(repair):
+def test_a_sample_of_the_mutants_fails_and_is_repaired_at_its_line(repair):
+    """Each mutant of the sample fails the check, and any fix printed for it gives the
+    reference's gradients; nine in ten are repaired at the mutated line."""
     mutants = repair.mutant_set
-    cases, tried = {}, 0
+    cases, repaired = {}, []
     for number, (name, build, mutant, function) in enumerate(mutants.generate(SMALL)):
         if number % SAMPLE:
             continue
@@ -53,10 +55,9 @@ def test_a_sample_of_the_mutants_is_repaired_at_its_line(repair):
         mutants.run(cases[name], mutant, function)
         if mutant.outcome in ("raises", "no effect"):
             continue
-        tried += 1
-        assert mutant.check_failed and mutant.fixed and mutant.restores, vars(mutant)
-        assert mutant.right_line, vars(mutant)
-    assert tried >= 20
+        assert mutant.check_failed and (mutant.restores or not mutant.fixed), vars(mutant)
+        repaired.append(mutant.right_line and mutant.restores)
+    assert len(repaired) >= 30 and sum(repaired) >= 0.9 * len(repaired), repaired
 
 
 SMALL = ("Linear", "LayerNorm", "GELU", "Tanh", "Dropout", "Residual", "Attention",

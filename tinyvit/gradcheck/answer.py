@@ -15,7 +15,7 @@ import re
 import textwrap
 from pathlib import Path
 
-from .edits import walk
+from .edits import ListHolder, walk
 from .trace import PACKAGE
 
 ONE_LINE = 100  # a change whose two sides fit in this many characters is one line
@@ -34,50 +34,67 @@ class Change:
 
 
 def changes(fix):
-    """The fix's edits grouped by the statement they write, as text of the user's own
-    lines, in the order of the file."""
-    grouped = {}
+    """The fix as changes of statements, each statement once, in the order of the files:
+    its lines as written and as the fix writes them (none where the fix takes it out)."""
+    statements = {}  # id of the statement as written -> [source, statement, spans, new, edits]
     for edit in fix.edits:
-        grouped.setdefault((id(edit.source), edit.line), []).append(edit)
+        for slot, old, new, owner in zip(edit.slots, edit.old, edit.new, edit.owners):
+            whole = isinstance(slot[0], ListHolder)  # the statement itself is replaced
+            statement = old if whole else owner
+            entry = statements.setdefault(id(statement), [edit.source, statement, [], None, []])
+            if whole:
+                entry[3] = new
+            else:
+                entry[2].append((old, new, slot[0]))
+            if edit not in entry[4]:
+                entry[4].append(edit)
     found = []
-    for group in sorted(grouped.values(), key=lambda g: (str(g[0].source.path), g[0].line)):
-        source = group[0].source
-        first = min(e.span()[0] for e in group)
-        last = max(e.span()[1] for e in group)
-        for edit in group:
+    for source, statement, spans, new, edits in sorted(
+            statements.values(), key=lambda e: (str(e[0].path), e[1].lineno)):
+        first, last = statement.lineno, statement.end_lineno
+        for edit in fix.edits:
             edit.apply()
         try:
-            after = _rendered(source, group, first, last)
+            after = (_statement_anew(new, source.line(first)) if new is not None
+                     else _rendered(source, statement, spans))
         finally:
-            for edit in reversed(group):
+            for edit in reversed(fix.edits):
                 edit.revert()
         before = [source.line(n) for n in range(first, last + 1)]
-        found.append(Change(source.path, first, source.name, before, after, group))
+        found.append(Change(source.path, first, source.name, before, after, edits))
     return found
 
 
 def said(fix, search, derivations=(), section_of=None):
-    """The lines that give ``fix``: a head, then per changed statement where it is, the two
-    versions and why. ``derivations``: docstrings that state formulas (the reference's);
-    ``section_of(edit)``: where the page derives the step an edit is in."""
+    """The lines that give ``fix``: a head, then each changed statement, where it is and its
+    two versions; after the statements of each edit, why and where the page derives it.
+    ``derivations``: docstrings that state formulas (the reference's); ``section_of(edit)``:
+    where the page derives the step an edit is in."""
     lines = [f"the fix, found by trying {search.tried} edits of the code in "
              f"{search.seconds:.2f} s (it makes every gradient right):"]
-    for change in changes(fix):
+    found = changes(fix)
+    for i, change in enumerate(found):
         where = f"line {change.line} of {shown(change.path)} ({change.function})"
         before, after = _dedented(change.before, change.after)
+        after = after or [TAKEN_OUT]
         if len(before) == len(after) == 1 and \
                 len(before[0]) + len(after[0]) + len(where) + 6 <= ONE_LINE:
             lines.append(f"  {where}: {before[0]}  ->  {after[0]}")
         else:
             lines.append(f"  {where}:")
             lines += [f"        {line}" for line in before]
-            lines += [f"     -> {line}" if i == 0 else f"        {line}"
-                      for i, line in enumerate(after)]
+            lines += [f"     -> {line}" if k == 0 else f"        {line}"
+                      for k, line in enumerate(after)]
+        if i + 1 < len(found) and found[i + 1].edits == change.edits:
+            continue  # the same edits go on in the next statement: why comes after it
         lines.append(f"  {why(change, derivations)}")
         section = section_of(change.edits[0]) if section_of else None
         if section:
             lines.append(f"  the derivation of this step: {section}")
     return lines
+
+
+TAKEN_OUT = "(taken out)"  # what a statement that the fix removes becomes
 
 
 def _dedented(before, after):
@@ -101,52 +118,45 @@ def shown(path):
 # -- the learner's line, rewritten -------------------------------------------------------------
 
 
-def _rendered(source, group, first, last):
-    """The lines ``first``..``last`` as the applied ``group`` writes them: the user's text
-    with each replaced expression written anew (checked to parse to the edited tree), or,
-    failing that, the statements written anew."""
-    lines = [source.line(n) for n in range(first, last + 1)]
-    spans = []
-    for edit in group:
-        for old, new, (parent, _, _) in zip(edit.old, edit.new, edit.slots):
-            if isinstance(old, (ast.expr, list)) and isinstance(new, (ast.expr, list)) \
-                    and old != [] and new != []:
-                spans.append((old, new, parent))
-            else:
-                return _anew(group, lines)
-    text = "\n".join(lines)
-    offsets = _offsets(lines)
-    for old, new, parent in sorted(spans, key=lambda s: _start(s[0]), reverse=True):
-        begin = offsets[_first(old).lineno - first] + _first(old).col_offset
-        finish = offsets[_last(old).end_lineno - first] + _last(old).end_col_offset
-        for written in _ways(new, parent, text, begin, finish):
-            attempt = written(text)
-            if _same_tree(attempt, group):
-                text = attempt
-                break
-        else:
-            return _anew(group, lines)
-    return text.splitlines()
+def _rendered(source, statement, spans):
+    """A statement's lines as the applied fix writes them: the user's text with each
+    replaced expression written anew, checked to parse to the edited statement (or, failing
+    that, the statement written anew)."""
+    first = statement.lineno
+    lines = [source.line(n) for n in range(first, statement.end_lineno + 1)]
+    if any(not isinstance(old, (ast.expr, list)) or not isinstance(new, (ast.expr, list))
+           or old == [] for old, new, _ in spans):
+        return _statement_anew(statement, lines[0])
+    text, offsets = "\n".join(lines), _offsets(lines)
+    for parenthesize in (False, True):
+        attempt = text
+        for old, new, parent in sorted(spans, key=lambda s: _start(s[0]), reverse=True):
+            begin = offsets[_first(old).lineno - first] + _first(old).col_offset
+            finish = offsets[_last(old).end_lineno - first] + _last(old).end_col_offset
+            attempt = attempt[:begin] + _written(new, parenthesize) + attempt[finish:]
+        if _same_tree(attempt, statement):
+            return attempt.splitlines()
+    return _statement_anew(statement, lines[0])
 
 
-def _ways(new, parent, text, begin, finish):
-    """Ways to write ``new`` over text[begin:finish], plainest first."""
-    plain = ", ".join(ast.unparse(n) for n in new) if isinstance(new, list) else ast.unparse(new)
-    yield lambda t: t[:begin] + plain + t[finish:]
-    if text[begin - 1:begin] == "(" and text[finish:finish + 1] == ")":
-        yield lambda t: t[:begin - 1] + plain + t[finish + 1:]
-    yield lambda t: t[:begin] + f"({plain})" + t[finish:]
+def _written(new, parenthesize):
+    """``new`` as text: a list of nodes joined by commas; an operation in parentheses where
+    asked (where the text around it would bind tighter)."""
+    if isinstance(new, list):
+        return ", ".join(ast.unparse(n) for n in new)
+    text = ast.unparse(new)
+    if parenthesize and isinstance(new, (ast.BinOp, ast.UnaryOp, ast.BoolOp, ast.Compare)):
+        return f"({text})"
+    return text
 
 
-def _anew(group, lines):
-    """The statements the applied ``group`` writes, each written anew (a statement the
-    fix takes away, left out)."""
-    indent = lines[0][:len(lines[0]) - len(lines[0].lstrip())]
-    statements = []
-    for edit in group:
-        statements += [s for s in edit.statements() if all(s is not t for t in statements)
-                       and not isinstance(s, ast.Pass)]
-    return [indent + line for s in statements for line in ast.unparse(s).splitlines()]
+def _statement_anew(statement, first_line):
+    """A statement written anew, indented as its first line was; nothing for a statement
+    the fix takes out."""
+    if isinstance(statement, ast.Pass):
+        return []
+    indent = first_line[:len(first_line) - len(first_line.lstrip())]
+    return [indent + line for line in ast.unparse(statement).splitlines()]
 
 
 def _first(old):
@@ -170,16 +180,13 @@ def _offsets(lines):
     return offsets
 
 
-def _same_tree(text, group):
-    """Whether ``text`` parses to the statements the applied ``group`` writes."""
-    statements = []
-    for edit in group:
-        statements += [s for s in edit.statements() if all(s is not t for t in statements)]
+def _same_tree(text, statement):
+    """Whether ``text`` parses to ``statement`` (locations aside)."""
     try:
         parsed = ast.parse(textwrap.dedent(text)).body
     except SyntaxError:
         return False
-    return [_dump(s) for s in parsed] == [_dump(s) for s in statements]
+    return len(parsed) == 1 and _dump(parsed[0]) == _dump(statement)
 
 
 def _dump(node):
@@ -292,6 +299,8 @@ def _swap_reason(edit):
 
 
 def _order_reason(edit):
+    if edit.detail.get("what") == "branches":
+        return "the two branches of the if in each other's place"
     if edit.detail.get("what") == "layers":
         return (f"self.{edit.detail['second']} and self.{edit.detail['first']} in each other's "
                 "place: the backward passes run in the reverse order of the forward's layers")
@@ -310,8 +319,11 @@ def _accumulate_reason(edit):
 
 REASONS = {
     "accumulate": _accumulate_reason,
-    "sign": lambda edit: "the other sign",
-    "drop": lambda edit: "this term is not part of the derivation",
+    "sign": lambda edit: ("the other comparison: the branch meant for the other case ran"
+                          if edit.detail.get("what") == "comparison" else "the other sign"),
+    "drop": lambda edit: ("this step does not belong to the backward: it changes a value "
+                          "that is right as it is" if edit.detail.get("what") == "statement"
+                          else "this term is not part of the derivation"),
     "name": _name_reason,
     "transpose": _transpose_reason,
     "axes": lambda edit: ("the axes in the order that undoes the forward's reshape and "
@@ -319,11 +331,17 @@ REASONS = {
     "reduction": _reduction_reason,
     "factor": _factor_reason,
     "constant": lambda edit: f"{edit.detail['now']} where it says {edit.detail['was']}",
-    "index": lambda edit: "the entries the forward read",
+    "index": lambda edit: {
+        "axis": "a length-1 axis added, so that the value spreads along it as the forward's did",
+        "axis removed": "no length-1 axis here: the value already has the shape it meets"}.get(
+        edit.detail.get("what"), "the entries the forward read"),
     "swap": _swap_reason,
     "order": _order_reason,
-    "discarded": lambda edit: ("the value of this call was thrown away; it is a share of the "
-                               "gradient: a value used twice collects both gradients"),
+    "discarded": lambda edit: (
+        f"the value of this call is the gradient the next line reads: keep it in "
+        f"{edit.detail['name']}" if edit.detail.get("how") == "kept" else
+        "the value of this call was thrown away; it is a share of the gradient: a value used "
+        "twice collects both gradients"),
     "backward": lambda edit: (f"self.{edit.detail['layer']}'s forward ran, so its backward "
                               "must run too: the gradient passes through it"),
     "call": lambda edit: (f"{edit.detail['function']} applied, as the forward applies it"

@@ -68,42 +68,15 @@ FAR = 1.5  # added to a rule's cost for its less likely proposals (a permutation
 #            or more axes, an axis a reduction rarely takes, an array as a factor)
 AXES = (0, 1, 2, 3, -1, -2, (0, 2, 3), (0, 1), (2, 3), (1, 2), None)
 FUNCTIONS = ("exp", "log", "sqrt", "tanh")  # xp's, applied to a name or taken off it
+BROADCAST = tuple(ast.parse(f"x[{index}]", mode="eval").body.slice  # a length-1 axis added
+                  for index in (":, None", "None", "..., None"))
 MOST_PERMUTED = 6  # axes permuted in every order up to this many (720 orders)
+UNKNOWN_NDIM = (3, 4)  # the dimensions tried for an array whose shape the trace does not hold
 MOVED = {2: 0.0, 3: 0.5}  # added to a permutation's cost by the axes it moves (1.0 beyond)
 UNUSED = 1.5  # added to the cost of an edit that leaves an assigned name unused
 RIGHT = 1.0  # added to the cost of an edit of a statement the reference writes the same way
 ALIAS = 0.5  # taken off the cost of an edit of a statement that only names another's value
 
-
-COSTS = {"accumulate": 0.5, "sign": 1.0, "name": 1.0, "transpose": 1.0, "reduction": 1.0,
-         "swap": 1.0, "order": 1.0, "factor": 1.5, "axes": 1.5, "index": 1.5,
-         "discarded": 1.5, "backward": 2.0, "drop": 1.5, "constant": 2.0, "call": 2.0,
-         "reference": 2.5, "term": 3.0, "copy": 1.5, "guard": 1.0}
-
-
-FAR = 1.5  # added to a rule's cost for its less likely proposals (a permutation of three
-
-
-#            or more axes, an axis a reduction rarely takes, an array as a factor)
-AXES = (0, 1, 2, 3, -1, -2, (0, 2, 3), (0, 1), (2, 3), (1, 2), None)
-
-
-FUNCTIONS = ("exp", "log", "sqrt", "tanh")  # xp's, applied to a name or taken off it
-
-
-MOST_PERMUTED = 6  # axes permuted in every order up to this many (720 orders)
-
-
-MOVED = {2: 0.0, 3: 0.5}  # added to a permutation's cost by the axes it moves (1.0 beyond)
-
-
-UNUSED = 1.5  # added to the cost of an edit that leaves an assigned name unused
-
-
-RIGHT = 1.0  # added to the cost of an edit of a statement the reference writes the same way
-
-
-ALIAS = 0.5  # taken off the cost of an edit of a statement that only names another's value
 
 
 def edits(source, scope):
@@ -122,8 +95,8 @@ def edits(source, scope):
         statement = edit.statement
         if ast.unparse(statement) in scope.right or _value_text(statement) in scope.right:
             edit.cost += RIGHT
-        if isinstance(getattr(statement, "value", None), ast.Name):
-            edit.cost -= ALIAS  # "dA = dAd", "return dx": where a step is often missing
+        if isinstance(statement, ast.Assign) and isinstance(statement.value, ast.Name):
+            edit.cost -= ALIAS  # "dA = dAd": where a step is often missing
     return _once(found)
 
 
@@ -214,6 +187,9 @@ class _Proposer:
                     extra=1.0 if isinstance(op, ast.Sub) else 0.0)  # gradients add up: += usual
         if isinstance(s, ast.For):
             self._reversed(s)
+        if isinstance(s, ast.If) and s.orelse:
+            swapped = ast.If(test=s.test, body=s.orelse, orelse=s.body)
+            self.add("order", self.at(body, index), located(swapped, s), what="branches")
         if index + 1 < len(body) and not isinstance(body[index + 1], (ast.Return,)):
             following = body[index + 1]
             if _movable(s) and _movable(following):
@@ -224,6 +200,17 @@ class _Proposer:
         self._copies(body, index)
         self._guards(body, index)
         self._swapped_layers(body, index)
+        self._dropped(body, index)
+
+    def _dropped(self, body, index):
+        """A step that does not belong: a statement that gives a name already holding an
+        array a new value computed from it (t = (1 - eps) * t + eps / K done twice)."""
+        s = self.statement
+        if isinstance(s, ast.Assign) and len(s.targets) == 1 and isinstance(
+                s.targets[0], ast.Name) and s.targets[0].id in self.scope.arrays(self.line) \
+                and s.targets[0].id in names_in(s.value):
+            self.add("drop", self.at(body, index), located(ast.Pass(), s), extra=0.5,
+                     what="statement")
 
     def _copies(self, body, index):
         """An array changed in place that is another's too: x = x * m for x *= m, and
@@ -290,7 +277,13 @@ class _Proposer:
                 self.add("discarded", slots, [gone, plus], owners=[None, later], how="added")
                 self.add("discarded", slots, [gone, call], extra=0.5, owners=[None, later],
                          how="used")
-                return
+                break
+        arrays = self.scope.arrays(self.line)
+        after = body[index + 1] if index + 1 < len(body) else None
+        for name in sorted(names_in(after) & set(arrays) if after is not None else ()):
+            kept = ast.Assign(targets=[ast.Name(id=name, ctx=ast.Store())], value=call)
+            self.add("discarded", self.at(body, index), located(kept, body[index]),
+                     how="kept", name=name)
 
     # expressions -----------------------------------------------------------------------
 
@@ -311,8 +304,16 @@ class _Proposer:
             self._call(node, slot)
         elif isinstance(node, ast.Subscript):
             self._index(node)
+            if ast.unparse(node.slice) in {ast.unparse(b) for b in BROADCAST}:
+                self.add("index", slot, node.value, extra=0.5, what="axis removed")
             if isinstance(node.value, ast.Attribute) and node.value.attr == "shape":
                 self._sizes(node, slot)
+        elif isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(
+                node.ops[0], (ast.Eq, ast.NotEq)):
+            flipped = ast.NotEq() if isinstance(node.ops[0], ast.Eq) else ast.Eq()
+            self.add("sign", slot, located(ast.Compare(left=node.left, ops=[flipped],
+                                                       comparators=node.comparators), node),
+                     what="comparison")
         elif isinstance(node, (ast.Tuple, ast.List)) and len(node.elts) >= 2:
             defines = isinstance(node.ctx, ast.Store) or (
                 isinstance(slot[0], ast.Assign) and isinstance(slot[0].targets[0], ast.Tuple))
@@ -375,9 +376,12 @@ class _Proposer:
         self.add("transpose", slot, located(new, operand), what="transposed")
 
     def _shapes_of(self, node):
-        """The shapes a name, or an attribute of ``self`` (self.weight.data), held here."""
+        """The shapes a name, an attribute of ``self`` (self.weight.data), or an expression
+        of them free of side effects held here (the last, evaluated on the traced values)."""
         if isinstance(node, ast.Name):
             return self.scope.shapes(self.line).get(node.id, set())
+        if not isinstance(node, ast.Attribute):
+            return self._evaluated_shapes(node)
         chain = []
         while isinstance(node, ast.Attribute):
             chain.append(node.attr)
@@ -392,6 +396,22 @@ class _Proposer:
                 shapes.add(tuple(value.shape))
         return shapes
 
+    def _evaluated_shapes(self, node):
+        """The shapes ``node`` takes on the values each call held at this line, where it
+        only reads names and computes on arrays (no call of a layer's or the user's)."""
+        if not _pure(node):
+            return set()
+        code = compile(ast.fix_missing_locations(ast.Expression(body=node)), "<shape>", "eval")
+        shapes = set()
+        for values in _scopes(self.scope, self.line):
+            try:
+                value = eval(code, dict(self.source.function.__globals__), values)
+            except Exception:
+                continue
+            if is_array(value):
+                shapes.add(tuple(value.shape))
+        return shapes
+
     def _names(self, node, slot):
         arrays = self.scope.shapes(self.line)
         if node.id in arrays:
@@ -402,6 +422,11 @@ class _Proposer:
                 elif other != node.id and {math.prod(s) for s in shapes} & sizes:
                     self.add("name", slot, name_node(other, node), extra=0.5, was=node.id,
                              now=other)  # the same values in another shape (a reshape)
+            if not isinstance(slot[0], (ast.Subscript, ast.Attribute)):  # x[:, None]: an axis
+                for index in BROADCAST:                                  # to broadcast along
+                    widened = ast.Subscript(value=node, slice=copy.deepcopy(index),
+                                            ctx=ast.Load())
+                    self.add("index", slot, located(widened, node), extra=0.5, what="axis")
             if _argument_of_backward(slot):  # self.fc2.backward(self.drop2.backward(dout))
                 for layer in self.scope.uncalled:
                     self.add("backward", slot, _backward_call(layer, node), layer=layer)
@@ -570,11 +595,12 @@ class _Proposer:
                      what="reshape")
 
     def _transposed_first(self, node, slot):
-        """x.transpose(two axes swapped).reshape(...): the axes moved before they merge."""
+        """x.transpose(two axes swapped, or one axis moved).reshape(...): the axes laid out
+        as they are to merge before the reshape merges them."""
         receiver = node.func.value
-        shapes = self._shapes_of(receiver) or {(0,) * 4}
-        for ndim in {len(s) for s in shapes}:
-            for order in _near_orders(ndim, cycles=False):
+        shapes = self._shapes_of(receiver)
+        for ndim in {len(s) for s in shapes} if shapes else UNKNOWN_NDIM:
+            for order in _near_orders(ndim, cycles=False) + _moves(ndim):
                 turned = ast.Call(func=ast.Attribute(value=receiver, attr="transpose",
                                                      ctx=ast.Load()),
                                   args=[number_node(i, node) for i in order], keywords=[])
@@ -863,6 +889,44 @@ def factors_in(trees):
             if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Mult, ast.Div)):
                 found.update(ast.unparse(side) for side in (node.left, node.right))
     return frozenset(found)
+
+
+def _pure(node):
+    """Whether an expression only reads names and computes on arrays: arithmetic,
+    subscripts, attributes, and calls of array methods or of xp."""
+    for inner in ast.walk(node):
+        if isinstance(inner, ast.Call):
+            func = inner.func
+            if not isinstance(func, ast.Attribute) or (
+                    isinstance(func.value, ast.Name) and func.value.id == "self"):
+                return False
+            if isinstance(func.value, ast.Attribute):  # self.layer.method(...)
+                return False
+        elif not isinstance(inner, (ast.expr, ast.expr_context, ast.operator, ast.unaryop,
+                                    ast.keyword, ast.cmpop)):
+            return False
+    return True
+
+
+def _scopes(scope, line):
+    """The locals each call held just before ``line`` ran, one dict per call."""
+    names = scope.names(line)
+    calls = max((len(v) for v in names.values()), default=0)
+    return [{name: values[i] for name, values in names.items() if i < len(values)}
+            for i in range(calls)]
+
+
+def _moves(n):
+    """The orders of n axes with one axis moved to another place (the others kept in
+    order), beyond two swapped."""
+    found = []
+    for i in range(n):
+        for j in range(n):
+            if abs(i - j) >= 2:
+                order = [a for a in range(n) if a != i]
+                order.insert(j, i)
+                found.append(order)
+    return found
 
 
 def _near_orders(n, cycles=True):

@@ -102,7 +102,7 @@ class Probe:
         changes it in place changes its caller's gradient)."""
         dout = self.dout.copy() if is_array(self.dout) else self.dout
         dx = self.module.backward(dout)
-        grads = {"input": dx, UPSTREAM: dout}
+        grads = {"input": dx, **({UPSTREAM: dout} if is_array(dout) else {})}
         grads.update((self.names[id(p)], p.grad.copy()) for p in self.module.parameters())
         if self.outputs:
             grads.update(self.outputs(self.module))
@@ -185,12 +185,13 @@ def search(probe, expected, tol, budget=BUDGET, own_only=False, reference=None, 
     sources = [s for s in recorded.sources if s.code not in probe.forward_codes]
     if own_only:
         sources = [s for s in sources if not in_tinyvit(s.path)]
-    ranks = _ranks(recorded, sources, probe, baseline, tol)
+    rank = _ranks(recorded, probe, baseline, tol)
     singles = []
     for source in sources:
         scope = scope_of(recorded, source, pending, reference)
         singles += edits(source, scope)
-    singles.sort(key=lambda e: (ranks[id(e.source)], e.cost, e.line))
+    ran = recorded.first_run()  # at equal cost, the line that ran first first
+    singles.sort(key=lambda e: (rank(e), e.cost, ran.get((e.source.code, e.line), math.inf)))
     tried = 0
     promising = []
     runner = _Runner(probe, expected, tol, verify)
@@ -425,23 +426,25 @@ def _class_trees(selves):
     return trees
 
 
-def _ranks(recorded, sources, probe, baseline, tol):
-    """The order in which functions are edited: the user's own before tinyvit's, then the
-    code that ran between the last layer whose gradients are right and the first whose
-    gradients are wrong (a backward runs from the output down: the mistake is in what ran
-    just before the first wrong gradient), then the rest."""
+def _ranks(recorded, probe, baseline, tol):
+    """edit -> its rank in the search: the user's own code before tinyvit's, then the lines
+    that ran between the last layer whose gradients are right and the first whose gradients
+    are wrong (a backward runs from the output down: the mistake is in what ran just before
+    the first wrong gradient), then the rest."""
     suspects = _suspects(recorded, probe, baseline, tol)
-    return {id(s): (1 if in_tinyvit(s.path) else 0) * 2 + (0 if s.code in suspects else 1)
-            for s in sources}
+    return lambda edit: ((1 if in_tinyvit(edit.source.path) else 0) * 2
+                         + (0 if (edit.source.code, edit.line) in suspects else 1))
 
 
 def _suspects(recorded, probe, baseline, tol):
+    """{(code, line)} that ran in the window before the first wrong gradient (every line
+    that ran, where the gradients say nothing narrower)."""
+    everything = recorded.ran_between(0, math.inf)
     if baseline is None:
-        return {call.code for call in recorded.calls}
+        return everything
     wrong = {name for name, e in baseline.errors.items() if e > tol}
-    windows = recorded.backward_calls()
     start, end = 0, math.inf
-    for layer, _, finished in windows:
+    for layer, _, finished in recorded.backward_calls():
         own = [probe.names[id(p)] for p in vars(layer).values() if id(p) in probe.names]
         if not own:
             continue
@@ -449,4 +452,4 @@ def _suspects(recorded, probe, baseline, tol):
             end = finished
             break
         start = finished
-    return {call.code for call in recorded.calls if call.end > start and call.start <= end}
+    return recorded.ran_between(start, end) or everything

@@ -52,6 +52,7 @@ class Call:
     globals: dict = None  # the globals it ran with (a function is found among them)
     scopes: dict = dataclasses.field(default_factory=dict)  # line -> {name: value} before it ran
     returned: object = None
+    line: tuple = None  # (the event counter when it began, the line) of the line running
 
 
 @dataclasses.dataclass
@@ -61,6 +62,9 @@ class Trace:
 
     calls: list
     sources: list
+    layers: list  # (layer, start, end) of every layer's backward, editable or not
+    lines: list  # (event counter, the next line's counter, code, line) of every line an
+    #              editable function ran: a line runs until the next line of its call starts
 
     def scope(self, code, line):
         """{name: [values]}: what each local name held just before ``line`` ran, over
@@ -90,26 +94,42 @@ class Trace:
 
     def backward_calls(self):
         """(layer, start, end) of every layer's backward, in the order they ended."""
-        return sorted(((c.module, c.start, c.end) for c in self.calls
-                       if c.module is not None and c.code.co_name == "backward"),
-                      key=lambda item: item[2])
+        return sorted(self.layers, key=lambda item: item[2])
+
+    def first_run(self):
+        """{(code, line): the event counter when it first ran}."""
+        found = {}
+        for counter, _, code, line in self.lines:
+            found.setdefault((code, line), counter)
+        return found
+
+    def ran_between(self, start, end):
+        """{(code, line)}: the lines of editable code that ran, in part at least, between
+        two events (a line that calls a layer runs while the layer does)."""
+        return {(code, line) for began, ended, code, line in self.lines
+                if began < end and ended > start}
 
 
 def trace(run, own_only=False):
     """Run ``run()`` (a backward) once, recording what it ran; returns (its result, or the
     exception it raised, and the Trace)."""
-    calls, stack, counter, editable = [], [], [0], {}
+    calls, stack, counter, editable, layers, lines = [], [], [0], {}, [], []
 
     def local(frame, event, arg):
         if not stack or stack[-1][0] is not frame:
             return None
-        _, call, _ = stack[-1]
+        _, call, _, layer = stack[-1]
         counter[0] += 1
         if event == "return":
             stack.pop()
+            if layer is not None:
+                layers.append((layer[0], layer[1], counter[0]))
         if call is None:  # a layer's backward that is not to be edited: its end alone
             return local
+        if event in ("line", "return") and call.line is not None:
+            lines.append((call.line[0], counter[0], call.code, call.line[1]))  # the last ended
         if event == "line":
+            call.line = (counter[0], frame.f_lineno)
             call.scopes.setdefault(frame.f_lineno, _snapshot(frame.f_locals))
         elif event == "return":
             call.end = counter[0]
@@ -133,7 +153,7 @@ def trace(run, own_only=False):
             call = Call(code, counter[0], module=owner if isinstance(owner, Module) else None,
                         globals=frame.f_globals)
             calls.append(call)
-        stack.append((frame, call, root))
+        stack.append((frame, call, root, (owner, counter[0]) if root else None))
         return local
 
     previous = sys.gettrace()
@@ -144,7 +164,7 @@ def trace(run, own_only=False):
         result = error
     finally:
         sys.settrace(previous)
-    return result, Trace(calls, _sources(calls))
+    return result, Trace(calls, _sources(calls), layers, lines)
 
 
 def called(run):

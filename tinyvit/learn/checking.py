@@ -150,20 +150,23 @@ def _check_case(ex, yours, case, where):
     where = f"exercise {ex.number} ({ex.title}), {where}, input {_shapes(inputs)}"
     dout = _upstream(mine, inputs, before_forward)
     expected = _backward(ex, theirs, inputs, their_before, dout, where, learner=False)
-    repair = _Repair(ex, yours, mine, inputs, before_forward,  # dout as it came: a backward
-                     dout.copy() if is_array(dout) else dout,  # may change it in place
-                     {**expected, **_intermediate_grads(theirs)})
+    repair = _Repair(ex, yours, mine, inputs, before_forward, dout.copy() if is_array(
+        dout) else dout, {**expected, **_intermediate_grads(theirs)})
     computed = _backward(ex, mine, inputs, before_forward, dout, where, repair=repair)  # 1, 2
-    _accumulates(ex, mine, inputs, before_forward, dout, computed, where, repair)  # stage 3
-    against = _Against(ex, computed, expected, Context(mine, inputs[0], dout), repair)
-    _invariants(ex, computed, against, where)  # stage 4
-    _intermediates(ex, mine, theirs, where, repair)  # stage 5, then every gradient
-    against.check(where)
-    with _library_refused(ex):  # stage 6
-        try:
+    try:
+        _accumulates(ex, mine, inputs, before_forward, dout, computed, where, repair)  # 3
+        against = _Against(ex, computed, expected, Context(mine, inputs[0], dout), repair)
+        _invariants(ex, computed, against, where)  # stage 4
+        _intermediates(ex, mine, theirs, where, repair)  # stage 5, then every gradient
+        against.check(where)
+        with _library_refused(ex):  # stage 6
             report = gradient_check(mine, *inputs, before_forward=before_forward, tol=TOL)
-        except CallsLibrary:
-            raise ExerciseFailed(_paragraph(ex, where, _calls_library(ex))) from None
+    except CallsLibrary:
+        raise ExerciseFailed(_paragraph(ex, where, _calls_library(ex))) from None
+    except ExerciseFailed:
+        raise
+    except Exception as error:  # a second run of the learner's layer, or its forward after it
+        raise ExerciseFailed(_paragraph(ex, where, _after(error), _fix(repair))) from None
     for c in report.checks:
         if not c.passed(TOL):
             raise ExerciseFailed(_paragraph(
@@ -300,6 +303,7 @@ def _backward(ex, module, inputs, before_forward, dout, where, learner=True, rep
     if before_forward:
         before_forward()
     module.forward(*inputs)
+    given = dout.copy() if is_array(dout) else dout
     try:
         with _library_refused(ex) if learner else nullcontext():
             dx = module.backward(dout)
@@ -313,6 +317,11 @@ def _backward(ex, module, inputs, before_forward, dout, where, learner=True, rep
         raise ExerciseFailed(_paragraph(ex, where, str(error), _fix(repair))) from None
     except Exception as error:  # the learner's code, any mistake: said where it is
         raise ExerciseFailed(_paragraph(ex, where, _raised(error), _fix(repair))) from None
+    if is_array(dout) and not bool((dout == given).all()):
+        raise ExerciseFailed(_paragraph(
+            ex, where, "your backward changes its upstream gradient in place (dout, or a name "
+            "for the same array, with *=, -=, += or a slice written): dout is its caller's too; "
+            "compute into an array of your own", _fix(repair)))
     computed = {"input": dx}
     computed.update((name, p.grad) for name, p in module.named_parameters())
     shapes = {"input": inputs[0].shape, **{n: p.data.shape for n, p in module.named_parameters()}}
@@ -585,10 +594,25 @@ def _shapes(inputs):
     return ", ".join(str(tuple(a.shape)) for a in inputs)
 
 
+def _after(error):
+    """An exception of a later stage: the learner's backward, run again, raised; or the
+    library's forward did, after the learner's backward changed the layer."""
+    if _learners_frames(error):
+        return _raised(error)
+    return (f"the layer's forward raises after your backward ran ({type(error).__name__}: "
+            f"{error}): your backward changes the layer itself (its list of layers reversed "
+            "in place, a parameter or a setting assigned); a backward leaves the layer as it "
+            "found it")
+
+
+def _learners_frames(error):
+    return [f for f in traceback.extract_tb(error.__traceback__)
+            if not Path(f.filename).resolve().is_relative_to(PACKAGE)]
+
+
 def _raised(error):
     """The learner's exception, with the line of their file it came from."""
-    frames = [f for f in traceback.extract_tb(error.__traceback__)
-              if not Path(f.filename).resolve().is_relative_to(PACKAGE)]
+    frames = _learners_frames(error)
     at = (f" at line {frames[-1].lineno} of {Path(frames[-1].filename).name}: {frames[-1].line}"
           if frames else "")
     return f"your backward raised {type(error).__name__}: {error}{at}"

@@ -65,8 +65,8 @@ def _plain(make, shape, scale=2.0, *args):
     return make(*args), (scale * randn(*shape),), None
 
 
-def _dropout(make, shape):
-    layer = make(0.3)
+def _dropout(make, shape, p=0.3):
+    layer = make(p)
     return layer, (randn(*shape),), seeded_dropout(layer)
 
 
@@ -193,7 +193,8 @@ Return dx, shaped as x. The normal CDF and density are normal_cdf and normal_pdf
 number 1.0 when nothing was dropped (eval mode, or p = 0). dout: shaped as x. Return dx.""",
         ("dx has x's shape", "y = x * mask with the mask fixed by the forward: dx = dout * mask, "
                              "the same mask, never drawn again"),
-        cases(_dropout, (3, 7), (2, 5, 9), (1, 4)),
+        (*cases(_dropout, (3, 7), (2, 5, 9), (1, 4)),
+         lambda make: _dropout(make, (2, 3), p=0.0)),  # nothing dropped: the cache is 1.0
     ),
     Exercise(
         6, "residual", "Residual", "vit", layers.Residual, "backward", "MyResidual",
