@@ -20,7 +20,6 @@ import contextlib
 import dataclasses
 import inspect
 import linecache
-import textwrap
 import time
 
 from tinyvit import backend
@@ -35,19 +34,21 @@ TOL = 1e-7
 
 
 @contextlib.contextmanager
-def planted(function, before, after, line):
-    """Within: ``function``'s file reads ``after`` where lines ``line``.. read ``before``
-    (padded with blank lines to as many lines, so that the lines below keep their
-    numbers), for ``inspect`` and the search, and the function runs that code."""
-    if len(after) > len(before):
-        raise ValueError("a mutant that writes more lines than it replaces")
+def planted(function, changes):
+    """Within: ``function``'s file reads, for each (line, before, after) of ``changes``,
+    ``after`` where lines ``line``.. read ``before`` (padded with blank lines to as many
+    lines, so that the lines below keep their numbers; a statement taken out is ``pass``),
+    for ``inspect`` and the search, and the function runs that code."""
     filename = inspect.getsourcefile(function)
-    lines = linecache.getlines(filename)
-    start = line - 1
+    text = list(linecache.getlines(filename))
     first = inspect.getsourcelines(function)[0][0]
     indent = first[:len(first) - len(first.lstrip())]  # what the function's text is dedented by
-    new = [indent + text + "\n" for text in after] + ["\n"] * (len(before) - len(after))
-    text = lines[:start] + new + lines[start + len(before):]
+    for line, before, after in changes:
+        if len(after) > len(before):
+            raise ValueError("a mutant that writes more lines than it replaces")
+        after = after or [before[0][:len(before[0]) - len(before[0].lstrip())] + "pass"]
+        new = [indent + t + "\n" for t in after] + ["\n"] * (len(before) - len(after))
+        text[line - 1:line - 1 + len(before)] = new
     saved = linecache.cache.get(filename)
     linecache.cache[filename] = (sum(map(len, text)), None, text, filename)  # kept: no mtime
     code = function.__code__
@@ -76,10 +77,9 @@ def _compiled(function, filename):
 class Mutant:
     case: str
     function: str
-    line: int
+    line: int  # the first line it changes
     rule: str
-    before: list
-    after: list
+    changes: list  # (line, the lines before, the lines after) of each statement it changes
     outcome: str = ""  # "raises", "no effect", or what the search did
     check_failed: bool = False
     fixed: bool = False
@@ -108,11 +108,11 @@ def generate(names=None):
                     continue  # once each; and not what the forward runs too (normal_cdf)
                 seen.add(source.code)
                 for edit in edits(source, scope_of(recorded, source, pending)):
-                    change = changes(Fix([edit], 0, 0.0))[0]
-                    if len(change.after) > len(change.before):
+                    found = [(c.line, c.before, c.after) for c in changes(Fix([edit], 0, 0.0))]
+                    if any(len(after) > len(before) for _, before, after in found):
                         continue
-                    yield name, build, Mutant(name, source.name, change.line, edit.rule,
-                                              change.before, change.after), source.function
+                    yield name, build, Mutant(name, source.name, found[0][0], edit.rule,
+                                              found), source.function
 
 
 def _probe(module, inputs, before_forward):
@@ -150,8 +150,7 @@ class Case:
 
 def run(case, mutant, function, budget=BUDGET):
     """Plant the mutant, check it and search it; fills in ``mutant``."""
-    with backend.default_dtype("float64"), planted(function, mutant.before, mutant.after,
-                                                   mutant.line):
+    with backend.default_dtype("float64"), planted(function, mutant.changes):
         try:
             grads = case.probe.run()
         except Exception:
@@ -174,7 +173,8 @@ def run(case, mutant, function, budget=BUDGET):
             found = changes(fix)
             mutant.fix = "; ".join(f"{c.function} line {c.line}: " + " ".join(
                 s.strip() for s in c.after) for c in found)
-            mutant.right_line = any(c.function == mutant.function and c.line == mutant.line
+            mutated = {line for line, _, _ in mutant.changes}
+            mutant.right_line = any(c.function == mutant.function and c.line in mutated
                                     for c in found)
             mutant.restores = _restores(case, fix)
     return mutant
@@ -191,6 +191,3 @@ def _restores(case, fix):
         outcome = measure(case.probe.run(), case.reference)
     return outcome is not None and outcome.passes(TOL)
 
-
-def dedent(lines):
-    return textwrap.dedent("\n".join(lines)).splitlines()

@@ -2,7 +2,7 @@
 mutant of every reference backward (``mutants.py``), and on set (b), the learner mistakes
 of ``mistakes.py``, each through the workbook's check.
 
-    python benchmarks/repair.py mutants [--case Linear ...] [--json FILE]
+    python benchmarks/repair.py mutants [--case Linear ...] [--part I/N] [--json FILE]
     python benchmarks/repair.py mistakes [--file SET] [--json FILE]
 
 Prints per case the mutants, the share the check fails, the share repaired at the mutated
@@ -33,9 +33,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import mutants as mutant_set  # noqa: E402
 
 
-def measure_mutants(names, budget, out):
+def measure_mutants(names, budget, out, part=(0, 1)):
+    """Every mutant (of the cases ``names``, or all), or the ``part`` (i, n) of them whose
+    number is i modulo n: two processes on two cores each take one half."""
     rows, built, started = [], {}, time.perf_counter()
-    for case_name, build, mutant, function in mutant_set.generate(names):
+    for number, (case_name, build, mutant, function) in enumerate(mutant_set.generate(names)):
+        if number % part[1] != part[0]:
+            continue
         if case_name not in built:
             built[case_name] = mutant_set.Case(build)
         mutant_set.run(built[case_name], mutant, function, budget)
@@ -227,9 +231,11 @@ def main(argv=None):
     p.add_argument("--budget", type=float, default=2.0, help="seconds per search")
     p.add_argument("--json", help="write every result here")
     p.add_argument("--file", help="mistakes: another set, written as mistakes.py is")
+    p.add_argument("--part", default="0/1", help="mutants: the part i/n of them to run")
     args = p.parse_args(argv)
     if args.set == "mutants":
-        measure_mutants(args.case, args.budget, args.json)
+        measure_mutants(args.case, args.budget, args.json,
+                        tuple(int(k) for k in args.part.split("/")))
     else:
         measure_mistakes(args.json, args.file)
 

@@ -194,8 +194,8 @@ def test_a_mistake_one_level_down_is_fixed_where_it_is():
     line = line_of(functional.softmax_backward, "return A * (dA - (dA * A)")
     before = ["    return A * (dA - (dA * A).sum(axis=-1, keepdims=True))"]
     after = ["    return A * (dA + (dA * A).sum(axis=-1, keepdims=True))"]
-    with B.default_dtype("float64"), mutants.planted(functional.softmax_backward, before, after,
-                                                      line):
+    with B.default_dtype("float64"), mutants.planted(functional.softmax_backward,
+                                                      [(line, before, after)]):
         attention = jitter(layers.Attention(8, 2, rng=B.host_rng(0)))
         report = gradient_check(attention, randn(2, 5, 8))
     change, = changes(report.fix)

@@ -37,6 +37,7 @@ from .trace import called, in_tinyvit, trace
 
 BUDGET = 2.0  # seconds of search for one backward
 UPSTREAM = "the upstream gradient"  # what a backward must leave as it came
+OUTPUT = "the forward's output"  # and this too
 CLOSER = math.log(1.5)  # an edit that shrinks the error this much (in log) is promising
 MOST_PROMISING = 40  # the promising edits paired with every other edit, at most
 SAME_LINE = 2.0  # edits this cheap are also paired with the others of their line
@@ -70,17 +71,21 @@ class Probe:
         """``forward()`` runs the forward (with its dropout masks seeded); ``outputs(module)``
         adds gradients kept elsewhere than ``.grad`` ({"dxhat": ...})."""
         self.module, self.dout, self.outputs = module, dout, outputs
-        _, self.forward_codes = called(forward)
+        self.output, self.forward_codes = called(forward)
+        self.output_values = self.output.copy() if is_array(self.output) else None
         self.layers = [m for _, m in module.named_modules()]
-        self.caches = [copy.deepcopy(m.cache) for m in self.layers]
+        # the caches and the output copied together, so that a cache that is the output
+        # (Tanh's y) is still the output in every copy
+        self.saved = copy.deepcopy(([m.cache for m in self.layers], self.output))
         self.names = {id(p): name for name, p in module.named_parameters()}
         # each parameter's arrays, and its values: a candidate may write over either
         self.arrays = [(p, p.data, p.data.copy(), p.grad) for p in module.parameters()]
 
     def restore(self):
         """The forward's caches, and every parameter's own arrays and values, back."""
-        for layer, cache in zip(self.layers, self.caches):
-            layer.cache = copy.deepcopy(cache)
+        caches, self.output = copy.deepcopy(self.saved)
+        for layer, cache in zip(self.layers, caches):
+            layer.cache = cache
         for p, data, values, grad in self.arrays:
             p.data, p.grad = data, grad
             data[...] = values
@@ -103,6 +108,8 @@ class Probe:
         dout = self.dout.copy() if is_array(self.dout) else self.dout
         dx = self.module.backward(dout)
         grads = {"input": dx, **({UPSTREAM: dout} if is_array(dout) else {})}
+        if self.output_values is not None:
+            grads[OUTPUT] = self.output
         grads.update((self.names[id(p)], p.grad.copy()) for p in self.module.parameters())
         if self.outputs:
             grads.update(self.outputs(self.module))
@@ -176,6 +183,8 @@ def search(probe, expected, tol, budget=BUDGET, own_only=False, reference=None, 
     deadline = started + budget
     if is_array(probe.dout):
         expected = {**expected, UPSTREAM: probe.dout}
+    if probe.output_values is not None:
+        expected = {**expected, OUTPUT: probe.output_values}
     probe.start()
     grads, recorded = trace(probe.backward, own_only)
     baseline = None if isinstance(grads, Exception) else measure(grads, expected)

@@ -5,8 +5,9 @@ The stages, for every case of the exercise (several shapes, batch 1 and odd size
 among them), in float64 on NumPy, and again on CuPy where a GPU is present:
 
 1. not a blank: the backward is the learner's own and runs (a NotImplementedError
-   means not written yet; a call to the library's own method is refused);
-2. shapes: every gradient has its array's shape;
+   means not written yet; a call to the library's own method is refused); it leaves
+   its upstream gradient and the forward's output as they were;
+2. shapes and types: every gradient has its array's shape and dtype, and is finite;
 3. accumulation: two backward passes double every parameter's ``.grad``;
 4. invariants the derivation gives (rows that sum to zero, a gradient that is zero);
 5. the values against the library's reference backward on the same input and
@@ -14,7 +15,11 @@ among them), in float64 on NumPy, and again on CuPy where a GPU is present:
    every parameter's gradient and the input's, each a row of exact, close, max
    difference and shape (as "Becoming a backprop ninja"'s cmp prints them), the first
    that differs with the gradient check's diagnosis;
-6. central differences (``tinyvit.gradcheck``), with its diagnosis.
+6. central differences (``tinyvit.gradcheck``), with its diagnosis;
+
+then, once, the first case in float32: every gradient stays float32. At the first
+failure, the repair search (``tinyvit/gradcheck/repair.py``) edits the learner's own
+code for the fix that passes every case, and the paragraph gives it first.
 
 ``check`` records each result in the workbook's progress file, for ``learn status``.
 """
@@ -80,6 +85,8 @@ def check(yours, exercise=None):
             with using_backend(backend), default_dtype("float64"):
                 for index, case in enumerate(ex.cases):
                     _check_case(ex, yours, case, f"case {index + 1} of {len(ex.cases)}")
+            with using_backend(backend), default_dtype("float32"):
+                _keeps_dtype(ex, yours, ex.cases[0])
     except NotWritten:
         progress.record(ex.number, "blank")
         raise
@@ -283,6 +290,28 @@ def _derivations(ex):
     return [d for d in (target.__doc__, getattr(ex.forward, "__doc__", None)) if d]
 
 
+def _keeps_dtype(ex, yours, case):
+    """The last stage: in float32, every gradient comes back in float32 (an array made
+    without a dtype, xp.zeros(shape), is float64, and doubles a model's memory)."""
+    __tracebackhide__ = True  # pytest shows the paragraph, not these frames
+    mine, inputs, before_forward = case(yours)  # the layer in float32, its inputs made so
+    inputs = tuple(a.astype(xp.float32) if is_array(a) and a.dtype.kind == "f" else a
+                   for a in inputs)
+    where = f"exercise {ex.number} ({ex.title}), case 1 in float32, input {_shapes(inputs)}"
+    dout = _upstream(mine, inputs, before_forward)
+    dout = dout.astype(xp.float32) if is_array(dout) else dout
+    try:
+        grads = _plain_backward(mine, inputs, before_forward, dout)
+    except Exception as error:
+        raise ExerciseFailed(_paragraph(ex, where, _after(error))) from None
+    for name, value in grads.items():
+        if is_array(value) and value.dtype != inputs[0].dtype:
+            raise ExerciseFailed(_paragraph(
+                ex, where, f"{_tensor(name)} is {value.dtype} where the input is "
+                f"{inputs[0].dtype}: an array made without dtype= (xp.zeros(shape) is float64; "
+                "give it dtype=dout.dtype, or use zeros_like)"))
+
+
 def _upstream(module, inputs, before_forward):
     """A random upstream gradient shaped as the output."""
     if before_forward:
@@ -302,7 +331,8 @@ def _backward(ex, module, inputs, before_forward, dout, where, learner=True, rep
         _watch(module)
     if before_forward:
         before_forward()
-    module.forward(*inputs)
+    y = module.forward(*inputs)
+    output = y.copy() if is_array(y) else y  # what the forward gave its caller
     given = dout.copy() if is_array(dout) else dout
     try:
         with _library_refused(ex) if learner else nullcontext():
@@ -322,6 +352,11 @@ def _backward(ex, module, inputs, before_forward, dout, where, learner=True, rep
             ex, where, "your backward changes its upstream gradient in place (dout, or a name "
             "for the same array, with *=, -=, += or a slice written): dout is its caller's too; "
             "compute into an array of your own", _fix(repair)))
+    if learner and is_array(y) and not bool((y == output).all()):
+        raise ExerciseFailed(_paragraph(
+            ex, where, "your backward changes the forward's output in place (a cached array "
+            "that is also what the forward returned, changed with **=, *= or a slice "
+            "written): compute into an array of your own", _fix(repair)))
     computed = {"input": dx}
     computed.update((name, p.grad) for name, p in module.named_parameters())
     shapes = {"input": inputs[0].shape, **{n: p.data.shape for n, p in module.named_parameters()}}

@@ -258,7 +258,8 @@ standardize_backward, in tinyvit/nn/functional.py: write the formula yourself.)"
         "A = softmax(S) over the last axis. Form each row's Jacobian dA_j/dS_k as an array, "
         "then multiply by it.",
         """A: the forward's output (..., N), each row summing to 1. dA: (..., N), the gradient at A.
-Return dS (..., N). Form J (..., N, N) with J[..., j, k] = dA_j/dS_k (xp.eye helps), then
+Return dS (..., N). Form J (..., N, N) with J[..., j, k] = dA_j/dS_k (xp.eye helps: give it
+dtype=A.dtype), then
 dS = dA J, row by row.""",
         ("J (..., N, N); dS and dA (..., N)",
          "A_j = exp(S_j) / sum_k exp(S_k): dA_j/dS_k = A_j (delta_jk - A_k), so "

@@ -64,5 +64,6 @@ def softmax_jacobian_backward(A, dA):
     """The backward of A = softmax(S) over the last axis with its Jacobian formed:
     for each row, J = diag(A) - A^T A, (N, N) with dA_j/dS_k = J[j, k], and
     dS = dA J. Rows (..., N) -> Jacobians (..., N, N)."""
-    J = A[..., :, None] * xp.eye(A.shape[-1]) - A[..., :, None] * A[..., None, :]  # (..., N, N)
+    eye = xp.eye(A.shape[-1], dtype=A.dtype)  # (N, N)
+    J = A[..., :, None] * eye - A[..., :, None] * A[..., None, :]  # (..., N, N)
     return (dA[..., None, :] @ J)[..., 0, :]  # (..., N)

@@ -196,13 +196,15 @@ comments. Do them in order: each one's layers are the next one's parts.
 run in this folder; elsewhere, give it as the last argument (`check 1 DIR`).
 
 A check runs in stages and stops at the first that fails: the blank is written; every
-gradient has its array's shape; gradients accumulate (two backward passes double them);
-what the derivation says must hold (rows that sum to zero); your values against tinyvit's
-own (every intermediate first, where an exercise keeps them); central differences in
-float64, at several shapes, batch 1 and odd sizes among them. A failure says, in one
-paragraph, which gradient, where in it, what it looks like (a mean taken for a sum, a scale
-or a term missing, a transpose, a sign, a broken invariant) and which section of
-docs/backprop.md derives it. From a notebook, `from tinyvit.learn import check` and
+gradient has its array's shape and dtype; gradients accumulate (two backward passes double
+them); what the derivation says must hold (rows that sum to zero); your values against
+tinyvit's own (every intermediate first, where an exercise keeps them); central differences
+in float64, at several shapes, batch 1 and odd sizes among them; float32 kept. A failure
+says, in one paragraph, the fix where one edit or two of your own lines make every case
+right (searched among the mistakes learners make, and checked before it is said), which
+gradient, where in it, what it looks like (a mean taken for a sum, a scale or a term
+missing, a transpose, a sign, a broken invariant) and which section of docs/backprop.md
+derives it. From a notebook, `from tinyvit.learn import check` and
 `check(MyLinear)` do the same.
 
 The derivations: {BACKPROP if BACKPROP.is_file() else "docs/backprop.md in tinyvit's repository"},
