@@ -4,15 +4,18 @@ Programming Assignments", PLDI 2013: an error model of rewrite rules, searched f
 smallest correction that passes).
 
 1. The backward runs once under a trace (``trace.py``): which functions it called, the
-   names in scope at each line and their shapes, which layers' backward ran when.
-2. The error model (``error_model.py``) proposes every single edit of those functions. They are
-   tried in order: the user's own code before tinyvit's, the code that ran just before
-   the first gradient that came out wrong before the rest, the cheaper rules first.
+   names in scope at each line and their shapes, which lines ran when.
+2. The error model (``error_model.py``) proposes every single edit of those functions
+   (not of those the forward runs too). They are tried in order: the user's own code
+   before tinyvit's, the lines that ran just before the first gradient that came out
+   wrong before the rest, the cheaper edits first, at equal cost the line that ran first.
 3. Each candidate is compiled into the function object and run on the same cached
    forward and the same upstream gradient (``Probe``): it is a fix when every gradient
-   passes the check and a second backward doubles the parameters' (they accumulate).
-4. No single edit: pairs of the edits that brought the gradients closer, then those with
-   any other edit, until the time is up.
+   passes the check, a second backward doubles the parameters' (they accumulate), and
+   the upstream gradient and the forward's output come out as they went in.
+4. No single edit: pairs (``_pairs``), the same mistake made twice first, then two edits
+   that each brought the gradients closer, two cheap edits of one line, and a promising
+   edit with any other, until the time is up.
 
 A fix is only returned once it passed; nothing is guessed.
 """
