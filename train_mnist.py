@@ -4,6 +4,7 @@
     python train_mnist.py --data-dir ../shared/data --recipe mnist-long      # MNIST, longer recipe
     python train_mnist.py --data-dir ../shared/data --dataset fashion-mnist  # Fashion-MNIST
     python train_mnist.py --resume runs/mnist                                # continue after Ctrl-C
+    python train_mnist.py --resume runs/mnist --out runs/mnist-2             # ... into another
     python train_mnist.py --eval runs/mnist/best.npz
     python train_mnist.py --predict digit.png --checkpoint runs/mnist/best.npz
     python train_mnist.py --data-dir ../shared/data --init runs/fashion-mnist --image-size 42
@@ -17,13 +18,13 @@ import argparse
 import dataclasses
 import sys
 import traceback
-from pathlib import Path
 
 from tinyvit.allocator import keep_freed_memory
 from tinyvit.backend import BackendError
 from tinyvit.data import DatasetError
 from tinyvit.files import NoSpaceError
 from tinyvit.train import (
+    RunRefused,
     TrainConfig,
     TrainingDiverged,
     evaluate,
@@ -33,8 +34,10 @@ from tinyvit.train import (
     predict,
 )
 from tinyvit.train.distributed import LaunchError, StopRequested, communicator, launched
+from tinyvit.train.lock import FolderInUse
 from tinyvit.train.parallel import MAX_AUTO_WORKERS, auto_workers
-from tinyvit.weights import CheckpointError
+from tinyvit.train.signals import Stopped
+from tinyvit.weights import CheckpointError, PretrainedError
 
 # Tested recipes: what each sets on top of TrainConfig's defaults, which are the
 # MNIST recipe (preset "mnist": patch 7, dim 64, depth 4; 18 epochs, AdamW peak
@@ -75,9 +78,10 @@ MODEL_FLAGS = ("image_size", "patch_size", "embed_dim", "depth", "num_heads", "m
                "dropout", "attn_dropout", "pool")
 
 # The modes other than training, and the only other flags each reads: a resumed run
-# takes every setting from its checkpoint. Any other flag given with one of them
+# takes every setting from its checkpoint, and --out to continue into another folder
+# than the checkpoint's. Any other flag given with one of them
 # would be silently ignored, so it is an error instead.
-MODES = {"resume": (), "eval": ("data_dir", "test_subset"), "predict": ("checkpoint",)}
+MODES = {"resume": ("out_dir",), "eval": ("data_dir", "test_subset"), "predict": ("checkpoint",)}
 
 
 def parse_args(argv):
@@ -169,8 +173,9 @@ def check_mode(parser, args):
     mode = modes[0]
     ignored = [flag[dest] for dest in given if dest != mode and dest not in MODES[mode]]
     if ignored:
-        reads = (f"only {' and '.join(flag[dest] for dest in MODES[mode])}" if MODES[mode]
-                 else "every setting from the checkpoint")
+        reads = " and ".join(flag[dest] for dest in MODES[mode])
+        reads = (f"every setting from the checkpoint, and {reads}" if mode == "resume"
+                 else f"only {reads}")
         raise ValueError(f"{flag[mode]} takes {reads}: it would ignore {', '.join(ignored)}")
     return mode
 
@@ -189,11 +194,6 @@ def make_config(args):
     return TrainConfig(**values, model_overrides=model_overrides)
 
 
-def resume_path(path):
-    path = Path(path)
-    return path / "last.npz" if path.is_dir() else path
-
-
 def run(args, mode, config):
     """Train, resume, evaluate or predict, as ``mode`` says."""
     if mode == "predict":
@@ -207,7 +207,7 @@ def run(args, mode, config):
         loss, acc, _, _ = evaluate(model, make_batches(config, "test"))
         print(f"{args.eval}: test accuracy {acc:.4f}, loss {loss:.4f} ({config.dataset})")
     else:
-        fit(config, resume=resume_path(args.resume) if mode == "resume" else None)
+        fit(config, resume=args.resume, out_dir=args.out_dir)
 
 
 def main(argv=None):
@@ -252,15 +252,21 @@ def run_reporting_errors(args, mode, config):
         if rank == 0:
             print(f"train_mnist.py: error: {error}", file=sys.stderr)
         return 2
-    except (DatasetError, CheckpointError, FileNotFoundError, BackendError, TrainingDiverged,
-            NoSpaceError) as error:
+    except RunRefused as error:  # the same in every process: the first says it
+        if rank == 0:
+            print(f"train_mnist.py: error: {error}", file=sys.stderr)
+        return 2
+    except (DatasetError, CheckpointError, PretrainedError, FileNotFoundError, BackendError,
+            TrainingDiverged, NoSpaceError, FolderInUse) as error:
         # not a bug: a file it was given, a backend not installed here, a learning rate
-        # too high for the run, or a full disk
+        # too high for the run, a full disk, or a folder another run writes into
         print(f"train_mnist.py: error{process}: {error}", file=sys.stderr)
         return 1
     except StopRequested:  # for main: not this process's alone
         raise
-    except KeyboardInterrupt:  # a training run in one process has saved last.npz by now
+    except Stopped as stopped:  # SIGINT or SIGTERM: a training run has saved last.npz by now
+        return 128 + stopped.signum
+    except KeyboardInterrupt:
         return 130
     return 0
 

@@ -187,8 +187,9 @@ def test_cli_rejects_a_flag_out_of_range_in_one_line(tmp_path, capsys, flags, me
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--resume", "run", "--epochs", "30", "--out", "x"],
-     "--resume takes every setting from the checkpoint: it would ignore --out, --epochs"),
+    (["--resume", "run", "--epochs", "30", "--out", "x", "--lr", "1"],
+     "--resume takes every setting from the checkpoint, and --out: it would ignore --epochs, "
+     "--lr"),
     (["--eval", "best.npz", "--data-dir", "d", "--lr", "1"],
      "--eval takes only --data-dir and --test-subset: it would ignore --lr"),
     (["--predict", "a.png", "--checkpoint", "best.npz", "--seed", "2"],
@@ -447,7 +448,7 @@ def test_the_trainer_says_which_layers_it_runs(stripes, tmp_path, capsys, flags,
     out = tmp_path / "run"
     args = ["--data-dir", str(stripes), "--out", str(out), "--epochs", "1", "--workers", "1",
             "--embed-dim", "16", "--depth", "1", "--num-heads", "2", "--train-subset", "64",
-            *flags]
+            "--batch-size", "32", *flags]
     capsys.readouterr()
     assert train_mnist.main(args) == 0
     assert capsys.readouterr().out.splitlines()[0].startswith(first_line)

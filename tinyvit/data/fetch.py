@@ -86,8 +86,9 @@ def _check_digest(path, algorithm, expected):
     if got != expected:
         raise DatasetError(
             f"{path}: {DIGEST_NAMES[algorithm]} mismatch: expected {expected}, got {got}; "
-            f"the file is corrupted or not the official one (delete it, or pass verify=False "
-            f"to read it anyway)"
+            "the file is corrupted or not the official one: delete it and run again to "
+            "download the official file (from Python, load_dataset(..., verify=False) reads "
+            "it anyway)"
         )
 
 

@@ -7,6 +7,12 @@ from ..data import dataset_info
 from ..models import preset_config
 
 
+class RunRefused(ValueError):
+    """A run that cannot train as configured, on this data or this machine (no full
+    batch, more processes than images in a batch, more memory than there is); the
+    message says what to change."""
+
+
 @dataclasses.dataclass
 class TrainConfig:
     """Everything that defines a run (saved in every checkpoint)."""

@@ -43,7 +43,6 @@ device), or a CuPy without NCCL, sum through host memory by MPI.
 import functools
 import math
 import os
-import signal
 
 import numpy as np  # host-side buffers for MPI
 
@@ -52,6 +51,7 @@ from ..nn.conv import BatchNorm2d, SyncBatchNorm2d
 from ..nn.loss import SoftmaxCrossEntropy
 from .gradients import loss_and_gradients, rows, share_seed
 from .parallel import cpu_cores
+from .signals import Stop
 
 # the variables that mpiexec sets in each process it starts, (size, rank), by MPICH's
 # launcher and by Open MPI's
@@ -215,31 +215,33 @@ class MPIParallel:
             logits = parallel.forward(x)                         # inference
 
     ``x`` is the whole batch, the same in every process; each computes its rows.
-    Inside ``with``, SIGINT and SIGTERM ask every process to stop: the next
+    Inside ``with``, SIGINT and SIGTERM ask every process to stop (the flag of
+    ``stop``, a ``signals.Stop``; one of its own when none is given): the next
     ``gradients`` or ``forward`` raises StopRequested (a KeyboardInterrupt) in all
     of them, and leaving ``with`` waits for all.
     """
 
-    def __init__(self, model, comm):
+    def __init__(self, model, comm, stop=None):
         self.model, self.comm = model, comm
         _, self.grad, _ = model.flat_parameters()
         self.criterion = SoftmaxCrossEntropy()  # targets come as distributions
         synchronize_batchnorm(model, comm)
-        self.stop_requested, self._handlers = False, {}
+        self.stop, self._own_stop = stop or Stop(), stop is None
 
     def __enter__(self):
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            self._handlers[sig] = signal.signal(sig, self._request_stop)
+        if self._own_stop:
+            self.stop.__enter__()
         return self
 
     def __exit__(self, exc_type, *exc):
-        for sig, handler in self._handlers.items():
-            signal.signal(sig, handler)
+        if self._own_stop:
+            self.stop.__exit__(exc_type, *exc)
         if exc_type is None or exc_type is StopRequested:  # every process is here: leave
             self.comm.barrier()  # together, once the first has written its files
 
-    def _request_stop(self, signum, frame):
-        self.stop_requested = True
+    @property
+    def stop_requested(self):
+        return self.stop.requested is not None
 
     def _rows(self, n):
         if n < self.comm.size:

@@ -20,6 +20,7 @@ import dataclasses
 import math
 import shutil
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 from tqdm import tqdm
@@ -27,13 +28,20 @@ from tqdm import tqdm
 from ..backend import get_backend, on_cpu, set_backend
 from ..files import NoSpaceError, atomic_write
 from ..models import ViT
-from ..weights import load_checkpoint, save_checkpoint, saved_model_config
+from ..weights import CheckpointError, save_checkpoint, saved_model_config
+from ..weights.checkpoint import read_checkpoint
+from ..weights.fields import check_json_fields
 from .budget import keep_to_budget, plan_epochs
-from .build import build_model, make_batches
-from .config import TrainConfig
+from .build import build_model, init_path, make_batches
+from .config import RunRefused
 from .distributed import check_launch, communicator, launched
 from .evaluate import evaluate
+from .lock import RunLock
+from .memory import check_memory
+from .parallel import cpu_cores
+from .predict import check_checkpoint_config, run_config
 from .report import write_final_report, write_metrics
+from .signals import Stop, Stopped
 from .state import RunState, Totals
 from .step import Trainer
 
@@ -45,67 +53,142 @@ class TrainingDiverged(RuntimeError):
     checkpoints written before it keep the last finite weights."""
 
 
-def fit(config, resume=None, stop_after_steps=None):
+def fit(config, resume=None, stop_after_steps=None, out_dir=None):
     """Train (or resume) a run; returns the metrics history.
 
-    ``resume``: a checkpoint written by a previous run (its config is used).
-    Ctrl-C saves ``last.npz`` at the current step and raises KeyboardInterrupt
+    ``resume``: a checkpoint written by a previous run, or its folder (its
+    ``last.npz``); the checkpoint's config is used, and the run writes into the
+    checkpoint's folder, or into ``out_dir`` when given (the paths saved in a
+    checkpoint are never a destination). The run holds its folder while it runs
+    (``lock.py``): a second run into it stops with ``FolderInUse``.
+    SIGINT or SIGTERM stops the run after the step in flight and saves
+    ``last.npz`` (``signals.py``); then ``Stopped``, a KeyboardInterrupt, is raised
     again for the caller. A full disk raises ``NoSpaceError`` saying what to free
     and how to resume; the checkpoints written before are intact.
     ``stop_after_steps`` simulates an interruption after that many steps of this
     call (for tests).
     """
     started = time.perf_counter()
-    _, processes = launched()  # more than 1 under mpiexec
+    rank, processes = launched()  # more than 1 under mpiexec
     if resume is not None:
-        model_state, optim_state, meta = load_checkpoint(resume)
-        config = TrainConfig(**meta["config"])
+        resume = resume_path(resume)
+        checkpoint = read_checkpoint(resume, run_config)  # every part checked, then read
+        model_state, optim_state, meta = (checkpoint.model_state, checkpoint.optim_state,
+                                          checkpoint.meta)
+        check_run_state(resume, meta)
+        config = dataclasses.replace(checkpoint.config, out_dir=str(out_dir or resume.parent))
         if processes > 1:  # mpiexec's processes share each batch, whatever ran it before
             config = dataclasses.replace(config, workers=1)
             check_launch(config, processes, resumed=True)
-    set_backend(config.backend)
-    if processes > 1 and not on_cpu():
-        communicator().use_local_gpu()
-    train_batches, test_batches = make_batches(config, "train"), make_batches(config, "test")
-    if resume is None:
-        model, notes = build_model(config)
-        state = RunState(lr=config.lr, init=notes)
-    else:
-        model, state = ViT(saved_model_config(meta)), RunState.from_meta(meta)
-    trainer = Trainer(config, model)
-    out = Path(config.out_dir)
-    if trainer.primary:  # made once data and model are read: a run that cannot start leaves nothing
-        out.mkdir(parents=True, exist_ok=True)
-        _print_start(config, trainer, train_batches, state.init)
-    if resume is not None:
-        trainer.model.load_state_dict(model_state)
-        trainer.optimizer.load_state_dict(optim_state)
-        started -= state.wall  # the run's wall clock goes on from where it was saved
+    elif config.init is not None:
+        check_checkpoint_config(init_path(config.init))
+    out, stop = Path(config.out_dir), Stop()
+    with stop, RunLock(out) if rank == 0 else nullcontext() as lock:
+        with stop.interrupting():  # nothing to save yet: a signal stops it at once
+            if lock is not None and lock.taken_over:
+                print(lock.taken_over)
+            known = (saved_model_config(meta) if resume is not None
+                     else config.model_config() if config.init is None else None)
+            memory = known and check_memory(known, config)  # before anything is allocated
+            set_backend(config.backend)
+            if processes > 1 and not on_cpu():
+                communicator().use_local_gpu()
+            train_batches, test_batches = _batches(config, processes)
+            if resume is None:
+                model, notes = build_model(config)
+                state = RunState(lr=config.lr, init=notes)
+            else:
+                model, state = ViT(known), RunState.from_meta(meta)
+                _carry_best(resume.parent, out)
+            memory = memory or check_memory(model.config, config)  # with --init: the file's
+        trainer = Trainer(config, model, stop)
         if trainer.primary:
-            print(f"resumed from {resume} at epoch {state.epoch + 1}, step {state.step}")
-    steps_done, evaluation = 0, None
+            _print_start(config, trainer, train_batches, state.init, memory)
+        if resume is not None:
+            trainer.model.load_state_dict(model_state)
+            trainer.optimizer.load_state_dict(optim_state)
+            started -= state.wall  # the run's wall clock goes on from where it was saved
+            if trainer.primary:
+                print(f"resumed from {resume} at epoch {state.epoch + 1}, step {state.step}"
+                      + (f", writing into {out}" if out.resolve() != resume.parent.resolve()
+                         else ""))
+        return _train(trainer, train_batches, test_batches, state, out, started,
+                      stop_after_steps)
+
+
+def _train(trainer, train_batches, test_batches, state, out, started, stop_after_steps):
+    """The epochs, the final report, and ``last.npz`` saved when the run is stopped."""
+    steps_done, evaluation, config = 0, None, trainer.config
     with trainer:
         try:
             while state.epoch < trainer.config.epochs:
                 steps_done += _train_epoch(trainer, train_batches, state, stop_after_steps,
                                            steps_done)
                 evaluation = _end_epoch(trainer, test_batches, state, out, started)
-            evaluation = evaluation or evaluate(trainer.evaluator(), test_batches)
+            with trainer.interruptible():
+                evaluation = evaluation or evaluate(trainer.evaluator(), test_batches)
             if trainer.primary:
                 write_final_report(out, config.dataset, state.history, evaluation)
-        except KeyboardInterrupt:  # in training or in evaluation: state says where the run is
+        except KeyboardInterrupt as stopped:  # in training or in evaluation: state says where
             if trainer.primary:
                 state.wall = time.perf_counter() - started
-                try:
-                    path = _save(out / "last.npz", trainer, state)
-                except NoSpaceError as error:
-                    raise _after_full_disk(error, out) from None
-                print(f"\ninterrupted: saved {path} (epoch {state.epoch + 1}, "
-                      f"step {state.step}); resume with --resume {path}")
+                _save_stopped(trainer, state, out, stopped)
             raise
         except NoSpaceError as error:
             raise _after_full_disk(error, out) from None
     return state.history
+
+
+def _save_stopped(trainer, state, out, stopped):
+    """``last.npz`` of a stopped run, whole even when another signal comes meanwhile."""
+    path = out / "last.npz"
+    try:
+        with trainer.stop.saving(path):
+            _save(path, trainer, state)
+    except NoSpaceError as error:
+        raise _after_full_disk(error, out) from None
+    why = f"stopped by {stopped.args[0]}" if isinstance(stopped, Stopped) else "interrupted"
+    print(f"\n{why}: saved {path} (epoch {state.epoch + 1}, step {state.step}); "
+          f"resume with --resume {out}", flush=True)
+
+
+def check_run_state(path, meta):
+    """A CheckpointError unless the RunState fields of a checkpoint's meta have their
+    names and types (``RunState.from_meta`` reads them)."""
+    names = {f.name for f in dataclasses.fields(RunState)}
+    check_json_fields(path, "meta", RunState, {k: v for k, v in meta.items() if k in names},
+                      CheckpointError)
+
+
+def resume_path(path):
+    """What ``--resume`` names: a run folder means its last.npz; a file, itself."""
+    path = Path(path)
+    return path / "last.npz" if path.is_dir() else path
+
+
+def _batches(config, processes):
+    """The training and test batches; ``RunRefused`` when no step could run (fewer
+    images than a batch), or a batch cannot be shared by the run's processes."""
+    train, test = make_batches(config, "train"), make_batches(config, "test")
+    images = train.images.shape[0]
+    if len(train) == 0:
+        raise RunRefused(f"{images} training image(s) make no full batch of "
+                         f"{config.batch_size}: lower --batch-size to at most {images}, or "
+                         "train on more images (--train-subset)")
+    sharing = max(processes, config.workers)
+    if config.batch_size < sharing:
+        raise RunRefused(f"a batch of {config.batch_size} cannot be shared by {sharing} "
+                         f"processes (each needs an image): raise --batch-size to at least "
+                         f"{sharing}, or use fewer processes")
+    return train, test
+
+
+def _carry_best(source, out):
+    """A run continued into another folder takes its best model along: the state's best
+    accuracy is that file's."""
+    if (source / "best.npz").is_file() and not (out / "best.npz").is_file() \
+            and source.resolve() != out.resolve():
+        _copy(source / "best.npz", out / "best.npz")
 
 
 def _after_full_disk(error, out):
@@ -149,6 +232,7 @@ def _train_epoch(trainer, batches, state, stop_after_steps, steps_done):
                desc=f"epoch {epoch + 1}/{epochs}", unit="batch", disable=not trainer.primary)
     try:
         for x, y in bar:
+            trainer.check_stop()  # a signal since the last step: stop here, between two
             if stop_after_steps is not None and steps_done + ran >= stop_after_steps:
                 raise KeyboardInterrupt
             state.lr = trainer.lr_at(state.global_step, n)
@@ -186,7 +270,8 @@ def _end_epoch(trainer, test_batches, state, out, started):
     planning = config.budget > 0 and state.plan is None
     evaluation = test_loss = test_acc = None
     if (epoch + 1) % config.eval_every == 0 or epoch + 1 == config.epochs or planning:
-        evaluation = evaluate(trainer.evaluator(), test_batches)
+        with trainer.interruptible():
+            evaluation = evaluate(trainer.evaluator(), test_batches)
         test_loss, test_acc = evaluation[:2]
     eval_seconds = time.perf_counter() - start
     elapsed = state.elapsed + eval_seconds
@@ -234,15 +319,19 @@ def _copy(source, target):
         shutil.copyfileobj(f, out)
 
 
-def _print_start(config, trainer, batches, init_notes):
+def _print_start(config, trainer, batches, init_notes, memory):
     epochs = f"a budget of {config.budget:g} min" if config.budget else f"{config.epochs} epochs"
     model, comm = trainer.model, trainer.communicator
     processes = (f"{config.workers} worker(s)" if comm is None
                  else f"{comm.size} processes (MPI)")
+    if comm is None and config.workers > cpu_cores():
+        processes += (f", more than the {cpu_cores()} CPU cores here: they take turns, and each "
+                      f"step is slower than with --workers {cpu_cores()}")
     graph = ", the step captured in a CUDA graph" if config.cuda_graph else ""
     print(f"layers: {model.describe_tier()}{graph}")
     print(f"{config.dataset}: {batches.images.shape[0]} training images, "
           f"{len(batches)} steps/epoch, {epochs}, backend {get_backend()}, {processes}")
     print(f"model: {model.num_parameters():,} parameters, {model.config}")
+    print(memory)
     for line in init_notes or ():
         print(f"  {line}")

@@ -209,7 +209,8 @@ def _view(raw, shape, dtype):
 
 def _worker(rank, config, dtype, fast, arrays, pipe):
     """A worker's loop: one command per message until None."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the parent, which saves the run
+    for sig in (signal.SIGINT, signal.SIGTERM):  # for the parent, which saves the run and
+        signal.signal(sig, signal.SIG_IGN)     # then stops its workers
     keep_freed_memory()  # this process is tinyvit's own: reuse freed arrays' pages
     shared = {name: _view(*spec) for name, spec in arrays.items()}
     with default_dtype(dtype):
@@ -219,7 +220,7 @@ def _worker(rank, config, dtype, fast, arrays, pipe):
     weights, grad, _ = model.flat_parameters()
     buffers = model.flat_buffers()
     criterion = SoftmaxCrossEntropy()  # targets come as distributions, label smoothing applied
-    while (command := pipe.recv()) is not None:
+    while (command := _receive(pipe)) is not None:
         mode, lo, hi, n, seed = command
         try:
             weights[...] = shared["weights"]
@@ -238,5 +239,16 @@ def _worker(rank, config, dtype, fast, arrays, pipe):
             shared["worker_buffers"][rank] = buffers
             shared["logits"][lo:hi] = logits
             pipe.send(("ok", float(loss)))
+        except (BrokenPipeError, ConnectionResetError):  # the parent is gone: so is the run
+            return
         except Exception:
             pipe.send(("error", traceback.format_exc()))
+
+
+def _receive(pipe):
+    """The parent's next command; None to stop, also when the parent is gone (killed:
+    its end of the pipe closed without a word)."""
+    try:
+        return pipe.recv()
+    except (EOFError, ConnectionResetError):
+        return None

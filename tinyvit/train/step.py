@@ -1,5 +1,7 @@
 """One training step: forward, loss, backward and the optimizer's update."""
 
+from contextlib import nullcontext
+
 from ..backend import host_rng, quiet_overflow, xp
 from ..data import augment
 from ..fast import for_tier
@@ -9,6 +11,7 @@ from ..nn.optim import SGD, AdamW, clip_grad_norm, grad_norm, warmup_cosine
 from .distributed import MPIParallel, check_launch, communicator, launched
 from .gradients import forward_backward
 from .parallel import DataParallel
+from .signals import Stop
 
 
 class Trainer:
@@ -23,7 +26,7 @@ class Trainer:
     everything runs in this process.
     """
 
-    def __init__(self, config, model):
+    def __init__(self, config, model, stop=None):
         self.config = config
         tiered = for_tier(config.tier)
         self.model = tiered(model)
@@ -42,6 +45,7 @@ class Trainer:
         if self.communicator is not None:
             check_launch(config, size)
         self.parallel = None
+        self.stop = stop or Stop()  # SIGINT and SIGTERM inside ``with``: a request to stop
         self.update = self.device_step
         if config.cuda_graph:
             check_one_process(size)
@@ -64,8 +68,9 @@ class Trainer:
 
     def __enter__(self):
         c = self.config
+        self.stop.__enter__()
         if self.communicator is not None:
-            self.parallel = MPIParallel(self.model, self.communicator)
+            self.parallel = MPIParallel(self.model, self.communicator, self.stop)
         elif c.workers > 1:
             self.parallel = DataParallel(self.model, c.workers,
                                          max(c.batch_size, c.eval_batch_size))
@@ -77,6 +82,19 @@ class Trainer:
         if self.parallel is not None:
             self.parallel.__exit__(*exc)
             self.parallel = None
+        self.stop.__exit__(*exc)
+
+    def check_stop(self):
+        """Between two steps: raise ``signals.Stopped`` if a signal asked this process to
+        stop. Under mpiexec the request goes to every process with the step's gradients
+        instead, and all stop at the same step (``StopRequested``)."""
+        if self.communicator is None:
+            self.stop.check()
+
+    def interruptible(self):
+        """A context in which a signal stops this process at once (for evaluation, which
+        changes nothing); under mpiexec the processes stop together as in a step."""
+        return self.stop.interrupting() if self.communicator is None else nullcontext()
 
     def lr_at(self, step, steps_per_epoch):
         c = self.config

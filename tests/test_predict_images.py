@@ -1,0 +1,207 @@
+"""The pictures ``--predict`` reads: every way of saving a digit (bit depth, palette,
+transparency, polarity) gives the model the same input as the 8-bit light-on-dark
+original, and what is not a readable image is refused in one line.
+
+The digit is MNIST's first test image (a 7) when the official files are present,
+else a drawn 7.
+"""
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import train_mnist
+from conftest import REAL_DATA, stripe_images, tiny_config
+from tinyvit import backend as B
+from tinyvit.data import DatasetError, dataset_info, load_image
+from tinyvit.data.readers import read_idx
+from tinyvit.train import fit
+
+SIZE = 84  # the picture as saved: 3x MNIST's 28, so that reading it resizes it
+
+
+@pytest.fixture(scope="module")
+def digit():
+    """(84, 84) uint8, light strokes on black: MNIST's first test digit, enlarged."""
+    path = REAL_DATA / "mnist" / "t10k-images-idx3-ubyte.gz"
+    if path.is_file():
+        image = read_idx(path, 2051)[0]
+    else:  # a 7: a bar and a diagonal, blurred edges
+        image = np.zeros((28, 28), np.uint8)
+        image[6:9, 6:22] = 255
+        for row in range(8, 23):
+            image[row, 20 - (row - 8) // 2: 23 - (row - 8) // 2] = 255
+    return np.asarray(Image.fromarray(image).resize((SIZE, SIZE), Image.BILINEAR))
+
+
+def pixels(path, dataset="mnist", image_size=28):
+    """``load_image``'s batch un-normalized: (C, H, W) in [0, 1] on the host."""
+    info = dataset_info(dataset)
+    x = B.to_host(load_image(path, dataset, image_size))[0]
+    return x * np.reshape(info.std, (-1, 1, 1)) + np.reshape(info.mean, (-1, 1, 1))
+
+
+def rgba(color, alpha):
+    """(h, w, 4) uint8 from a color (h, w, 3) or (3,) and an alpha (h, w)."""
+    out = np.zeros(alpha.shape + (4,), np.uint8)
+    out[..., :3], out[..., 3] = color, alpha
+    return out
+
+
+def palette_with_transparent_black(d):
+    image = Image.fromarray(d).convert("P")
+    image.info["transparency"] = int(np.asarray(image)[0, 0])  # the background's index
+    return image
+
+
+FORMS = {  # name: (picture from the light-on-dark digit d, file suffix)
+    "8-bit light on dark": (lambda d: Image.fromarray(d), "png"),
+    "8-bit dark on light": (lambda d: Image.fromarray(255 - d), "png"),
+    "16-bit dark on light": (lambda d: Image.fromarray((255 - d).astype(np.uint16) * 257), "png"),
+    "16-bit light on dark": (lambda d: Image.fromarray(d.astype(np.uint16) * 257), "png"),
+    "16-bit big-endian TIFF": (
+        lambda d: Image.fromarray((255 - d).astype(">u2") * 257), "tif"),
+    "32-bit integer TIFF": (lambda d: Image.fromarray((255 - d).astype(np.int32) * 257), "tif"),
+    "float TIFF in [0, 1]": (lambda d: Image.fromarray(d.astype(np.float32) / 255), "tif"),
+    "float TIFF in [0, 255]": (lambda d: Image.fromarray(255 - d.astype(np.float32)), "tif"),
+    "RGB dark on light": (lambda d: Image.fromarray(255 - d).convert("RGB"), "png"),
+    "RGB light on dark BMP": (lambda d: Image.fromarray(d).convert("RGB"), "bmp"),
+    "palette": (lambda d: Image.fromarray(255 - d).convert("P"), "png"),
+    "palette, black transparent": (palette_with_transparent_black, "png"),
+    "GIF, black transparent": (palette_with_transparent_black, "gif"),
+    "RGBA black strokes on transparent": (lambda d: Image.fromarray(rgba(0, d)), "png"),
+    "RGBA black strokes, white hidden": (
+        lambda d: Image.fromarray(rgba(np.where(d[..., None] > 0, 0, 255), d)), "png"),
+    "RGBA black strokes blended with white": (
+        lambda d: Image.fromarray(rgba((255 - d)[..., None], d)), "png"),
+    "RGBA white strokes on transparent": (lambda d: Image.fromarray(rgba(255, d)), "png"),
+    "RGBA red strokes on transparent": (lambda d: Image.fromarray(rgba((255, 0, 0), d)), "png"),
+    "RGBA opaque dark on light": (
+        lambda d: Image.fromarray(rgba((255 - d)[..., None], np.full_like(d, 255))), "png"),
+    "LA white strokes on transparent": (
+        lambda d: Image.fromarray(np.stack([np.full_like(d, 255), d], 2)), "png"),
+    "LA cut out, light strokes": (
+        lambda d: Image.fromarray(np.stack([d, np.where(d > 0, 255, 0).astype(np.uint8)], 2)),
+        "png"),
+    "LA cut out, dark strokes": (
+        lambda d: Image.fromarray(np.stack([255 - d, np.where(d > 0, 255, 0).astype(np.uint8)],
+                                           2)), "png"),
+}
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_every_form_of_a_digit_reads_as_the_8bit_original(digit, tmp_path, form):
+    make, suffix = FORMS[form]
+    original, saved = tmp_path / "original.png", tmp_path / f"digit.{suffix}"
+    Image.fromarray(digit).save(original)
+    make(digit).save(saved)
+    expected = pixels(original)
+    assert expected.max() > 0.9 and expected[0, 0, 0] < 0.01  # a light digit on black
+    np.testing.assert_allclose(pixels(saved), expected, atol=1.01 / 255)
+
+
+def test_a_card_on_a_transparent_margin_is_read_as_its_digit(digit, tmp_path):
+    """A dark digit on opaque white paper, cut out with a transparent margin: the paper
+    and the margin are both background."""
+    card = np.zeros((SIZE + 28, SIZE + 28, 4), np.uint8)  # a 14-pixel margin all round
+    card[14:-14, 14:-14] = rgba((255 - digit)[..., None], np.full_like(digit, 255))
+    Image.fromarray(card).save(tmp_path / "card.png")
+    plain = np.zeros(card.shape[:2], np.uint8)
+    plain[14:-14, 14:-14] = digit
+    Image.fromarray(plain).save(tmp_path / "plain.png")
+    np.testing.assert_allclose(pixels(tmp_path / "card.png"), pixels(tmp_path / "plain.png"),
+                               atol=1.01 / 255)
+
+
+def test_16_bit_is_scaled_by_its_range_not_clipped(tmp_path):
+    values = np.linspace(0, 65535, 28 * 28).reshape(28, 28).astype(np.uint16)
+    Image.fromarray(values).save(tmp_path / "ramp.png")
+    np.testing.assert_allclose(pixels(tmp_path / "ramp.png")[0], values / 65535, atol=1e-6)
+
+
+def test_a_color_dataset_sees_transparency_over_white(tmp_path):
+    color = np.zeros((32, 32, 4), np.uint8)
+    color[:, :16] = (200, 40, 10, 255)  # opaque on the left, transparent on the right
+    Image.fromarray(color).save(tmp_path / "half.png")
+    x = pixels(tmp_path / "half.png", "cifar10", 32)
+    np.testing.assert_allclose(x[:, :, :15], np.reshape([200 / 255, 40 / 255, 10 / 255],
+                                                        (3, 1, 1)) * np.ones((3, 32, 15)),
+                               atol=1e-5)
+    np.testing.assert_allclose(x[:, :, 17:], 1, atol=1e-5)
+    gray16 = np.full((32, 32), 32896, np.uint16)  # 128 * 257: mid-gray in 16 bits
+    Image.fromarray(gray16).save(tmp_path / "gray16.png")
+    np.testing.assert_allclose(pixels(tmp_path / "gray16.png", "cifar10", 32), 128 / 255,
+                               atol=1e-5)
+
+
+LIMIT = 5000  # Image.MAX_IMAGE_PIXELS in the refusal tests: a 60x60 picture is over it
+
+
+def directory(tmp_path):
+    (tmp_path / "pictures").mkdir()
+    return tmp_path / "pictures"
+
+
+def truncated(tmp_path):
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (64, 64), np.uint8)).save(
+        tmp_path / "full.png")
+    data = (tmp_path / "full.png").read_bytes()
+    (tmp_path / "cut.png").write_bytes(data[: len(data) // 2])
+    return tmp_path / "cut.png"
+
+
+def text(tmp_path):
+    (tmp_path / "notes.png").write_text("hello")
+    return tmp_path / "notes.png"
+
+
+def bomb(side):
+    def make(tmp_path):
+        Image.new("1", (side, side)).save(tmp_path / "bomb.png")  # a few hundred bytes
+        return tmp_path / "bomb.png"
+    return make
+
+
+@pytest.mark.parametrize("make, message", [
+    (directory, "it is a directory, expected an image file (PNG, JPEG, "),
+    (lambda tmp_path: tmp_path / "missing.png", "no such file, expected an image file (PNG, "),
+    (truncated, "truncated or corrupted (image file is truncated), expected a complete "
+                "image file"),
+    (text, "not an image format Pillow knows, expected an image file (PNG, JPEG, "),
+    # over twice the limit Pillow raises DecompressionBombError, over it a warning
+    (bomb(200), "40,000 pixels, over Pillow's limit of 5,000 (a decompression bomb?), "
+                "expected a picture of at most 5,000 pixels"),
+    (bomb(90), "8,100 pixels, over Pillow's limit of 5,000 (a decompression bomb?), "),
+], ids=["directory", "missing", "truncated", "text", "bomb", "bomb-warning"])
+def test_what_is_not_a_readable_image_is_refused_in_one_line(tmp_path, monkeypatch, make,
+                                                             message):
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", LIMIT)
+    path = make(tmp_path)
+    with pytest.raises(DatasetError) as error:
+        load_image(path, "mnist", 28)
+    assert str(error.value).startswith(f"cannot read image {path}: {message}")
+    assert "\n" not in str(error.value)
+
+
+def test_the_command_line_predicts_every_form_alike_and_refuses_a_folder(
+        stripes, tmp_path, capsys):
+    fit(tiny_config(stripes, tmp_path / "run", epochs=3))
+    checkpoint = str(tmp_path / "run" / "best.npz")
+    three = stripe_images([3], seed=5)[0]  # light stripes on dark noise
+    Image.fromarray(three).save(tmp_path / "three.png")
+    Image.fromarray((255 - three).astype(np.uint16) * 257).save(tmp_path / "three16.png")
+    Image.fromarray(rgba(0, three)).save(tmp_path / "three_rgba.png")
+    capsys.readouterr()
+    answers = []
+    for name in ("three.png", "three16.png", "three_rgba.png"):
+        assert train_mnist.main(["--predict", str(tmp_path / name),
+                                 "--checkpoint", checkpoint]) == 0
+        lines = [line.split(": ") for line in capsys.readouterr().out.splitlines()]
+        answers.append(([k for k, _ in lines], [float(p) for _, p in lines]))
+    for classes, probabilities in answers[1:]:
+        assert classes[0] == answers[0][0][0] == "3"
+        np.testing.assert_allclose(probabilities, answers[0][1], atol=2e-4)
+    assert train_mnist.main(["--predict", str(tmp_path), "--checkpoint", checkpoint]) == 1
+    assert capsys.readouterr().err == (f"train_mnist.py: error: cannot read image {tmp_path}: "
+                                       "it is a directory, expected an image file (PNG, JPEG, "
+                                       "BMP, GIF, TIFF, WebP, ...)\n")

@@ -1,0 +1,280 @@
+"""Runs you can trust: one run per folder, a resumed run writes where it is told,
+a run that cannot train is refused before its first step, and SIGTERM or a kill
+leaves a run that resumes. Each case asserts the one line printed, the exit
+status, what was kept, and that no process is left.
+
+The tests that signal or kill a run start ``train_stripes.py`` (train_mnist.py on
+the synthetic files of conftest's ``stripes``) in a process group of its own.
+"""
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import train_mnist
+from tinyvit.backend import default_dtype
+from tinyvit.models import ViT, ViTConfig
+from tinyvit.train import TrainConfig, fit
+from tinyvit.train.lock import RunLock
+from tinyvit.train.memory import parameter_count, step_bytes
+from tinyvit.train.signals import Stop, Stopped
+from tinyvit.train.step import Trainer
+from tinyvit.weights import load_checkpoint
+
+TRAIN = Path(__file__).parent / "train_stripes.py"
+TINY = ["--embed-dim", "16", "--depth", "1", "--num-heads", "2", "--batch-size", "32",
+        "--shift", "0", "--lr", "0.01"]
+
+
+def cli(stripes, out, *flags):
+    return ["--data-dir", str(stripes), "--out", str(out), "--workers", "1", *TINY, *flags]
+
+
+def start(stripes, out, *flags, workers=1):
+    """train_stripes.py in a new process group; stdout unbuffered, read line by line."""
+    command = [sys.executable, str(TRAIN), str(stripes), "--out", str(out), *TINY,
+               "--workers", str(workers), *flags]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+
+
+def wait_for(process, text):
+    """Read the process's stdout up to a line containing ``text``; returns what was read."""
+    seen = ""
+    while text not in (line := process.stdout.readline()):
+        assert line, f"the run ended before printing {text!r}:\n{seen}{process.stderr.read()}"
+        seen += line
+    return seen + line
+
+
+def no_process_left(group, within=10.0):
+    """True once no process of the group runs, waiting up to ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(group, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+# ---------------------------------------------------------------- one run per folder
+
+
+def test_a_second_run_into_a_held_folder_stops_at_once_naming_the_holder(stripes, tmp_path,
+                                                                        capsys):
+    out = tmp_path / "run"
+    with RunLock(out):
+        assert train_mnist.main(cli(stripes, out, "--epochs", "1")) == 1
+        holder = f"process {os.getpid()} on {socket.gethostname()}: {' '.join(sys.argv)}"
+        assert capsys.readouterr().err == (
+            f"train_mnist.py: error: {out} is in use by another run ({holder}): wait for it to "
+            "end, or give this one another --out\n")
+        assert [p.name for p in out.iterdir()] == ["run.lock"]  # nothing of the second run
+    assert not out.exists()  # released: the lock file goes, and the folder it made
+
+
+def test_two_runs_into_one_folder_the_second_stops_and_sigterm_saves_the_first(stripes,
+                                                                                tmp_path):
+    """The first run holds the folder; the second stops in one line naming it; SIGTERM
+    stops the first after a step, saves last.npz and says how to resume; resumed,
+    the run ends; no process of either is left."""
+    out = tmp_path / "run"
+    first = start(stripes, out, "--epochs", "30")
+    wait_for(first, "epoch 1:")
+    second = subprocess.run([sys.executable, str(TRAIN), str(stripes), "--out", str(out), *TINY,
+                             "--epochs", "2", "--seed", "2"], capture_output=True, text=True)
+    assert second.returncode == 1
+    assert re.fullmatch(rf"train_mnist.py: error: {re.escape(str(out))} is in use by another "
+                        rf"run \(process {first.pid} on .*\): wait for it to end, or give this "
+                        r"one another --out\n", second.stderr), second.stderr
+    first.send_signal(signal.SIGTERM)
+    stdout, stderr = first.communicate(timeout=60)
+    assert first.returncode == 128 + signal.SIGTERM
+    assert re.search(rf"\nstopped by SIGTERM: saved {re.escape(str(out / 'last.npz'))} "
+                     rf"\(epoch \d+, step \d+\); resume with --resume {re.escape(str(out))}\n",
+                     stdout), stdout
+    assert "Traceback" not in stderr
+    assert no_process_left(first.pid)
+    assert sorted(p.name for p in out.iterdir()) == ["best.npz", "curves.png", "last.npz",
+                                                     "metrics.json"]
+    _, _, meta = load_checkpoint(out / "last.npz")
+    assert meta["config"]["seed"] == 0  # the first run's, whole
+    assert train_mnist.main(["--resume", str(out)]) == 0
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_sigterm_saves_last_npz_and_workers_end_quietly(stripes, tmp_path, workers):
+    out = tmp_path / "run"
+    process = start(stripes, out, "--epochs", "30", workers=workers)
+    wait_for(process, "epoch 1:")
+    process.send_signal(signal.SIGTERM)
+    stdout, stderr = process.communicate(timeout=60)
+    assert process.returncode == 128 + signal.SIGTERM, stderr
+    assert f"saved {out / 'last.npz'}" in stdout
+    assert "Traceback" not in stderr and "Error" not in stderr, stderr
+    assert no_process_left(process.pid)  # the workers too
+    _, _, meta = load_checkpoint(out / "last.npz")  # whole
+    assert meta["epoch"] >= 1
+
+
+def test_a_killed_run_leaves_its_lock_which_the_resumed_run_takes_over(stripes, tmp_path,
+                                                                       capsys):
+    out = tmp_path / "run"
+    process = start(stripes, out, "--epochs", "30")
+    wait_for(process, "epoch 2:")  # last.npz of epoch 1 is written by then
+    process.kill()
+    process.wait()
+    assert (out / "run.lock").read_text().startswith(f"process {process.pid} on ")
+    capsys.readouterr()
+    assert train_mnist.main(["--resume", str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"{out / 'run.lock'}: taken over from a run that ended without "
+                               f"releasing it (process {process.pid} on ")
+    assert not (out / "run.lock").exists()
+
+
+# ---------------------------------------------------------------- resuming where told
+
+
+def stopped_run(stripes, out):
+    """A run stopped after 4 steps of its first epoch (as by Ctrl-C)."""
+    config = TrainConfig(data_dir=str(stripes), out_dir=str(out), epochs=2, batch_size=32,
+                         model_overrides={"embed_dim": 16, "depth": 1, "num_heads": 2},
+                         max_shift=0, eval_batch_size=50)
+    with pytest.raises(KeyboardInterrupt):
+        fit(config, stop_after_steps=4)
+
+
+def test_resume_writes_into_the_folder_it_resumes_not_the_one_saved(stripes, tmp_path):
+    stopped_run(stripes, tmp_path / "full")
+    moved = tmp_path / "moved"
+    shutil.move(tmp_path / "full", moved)  # copied off a full disk, or sent by someone
+    assert train_mnist.main(["--resume", str(moved)]) == 0
+    assert not (tmp_path / "full").exists()  # the path saved in the checkpoint is not used
+    _, _, meta = load_checkpoint(moved / "last.npz")
+    assert meta["epoch"] == 2 and meta["config"]["out_dir"] == str(moved)
+
+
+def test_resume_with_out_continues_into_another_folder_leaving_the_first(stripes, tmp_path,
+                                                                         capsys):
+    stopped_run(stripes, tmp_path / "a")
+    before = (tmp_path / "a" / "last.npz").read_bytes()
+    assert train_mnist.main(["--resume", str(tmp_path / "a"), "--out", str(tmp_path / "b")]) == 0
+    assert f"writing into {tmp_path / 'b'}" in capsys.readouterr().out
+    assert (tmp_path / "a" / "last.npz").read_bytes() == before
+    assert {"last.npz", "best.npz", "metrics.json"} <= {p.name for p in (tmp_path / "b").iterdir()}
+
+
+# ---------------------------------------------------------------- refused before a step
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--train-subset", "20"],
+     "20 training image(s) make no full batch of 32: lower --batch-size to at most 20, or "
+     "train on more images (--train-subset)"),
+    (["--train-subset", "1"],
+     "1 training image(s) make no full batch of 32: lower --batch-size to at most 1, or train "
+     "on more images (--train-subset)"),
+])
+def test_a_run_without_a_full_batch_is_refused_leaving_nothing(stripes, tmp_path, capsys,
+                                                               flags, message):
+    out = tmp_path / "runs" / "x"
+    assert train_mnist.main(cli(stripes, out, *flags)) == 2
+    assert capsys.readouterr().err == f"train_mnist.py: error: {message}\n"
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_batch_smaller_than_the_processes_is_refused(stripes, tmp_path, capsys):
+    args = cli(stripes, tmp_path / "run", "--batch-size", "1")
+    args[args.index("--workers") + 1] = "2"
+    assert train_mnist.main(args) == 2
+    assert capsys.readouterr().err == (
+        "train_mnist.py: error: a batch of 1 cannot be shared by 2 processes (each needs an "
+        "image): raise --batch-size to at least 2, or use fewer processes\n")
+
+
+def test_an_image_size_beyond_the_machines_memory_is_refused_before_anything_is_allocated(
+        stripes, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("tinyvit.train.memory.available_bytes", lambda: 24 * 10 ** 9)
+    assert train_mnist.main(cli(stripes, tmp_path / "run", "--image-size", "7000")) == 2
+    err = capsys.readouterr().err
+    assert re.fullmatch(r"train_mnist.py: error: a step of this run needs about \d+\.\d GB, "
+                        r"more than the 24.0 GB this machine has available \(image size 7000, "
+                        r"1000001 tokens, batch 32\): lower --image-size or --batch-size\n",
+                        err), err
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_first_lines_state_the_step_memory(stripes, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("tinyvit.train.memory.available_bytes", lambda: 24 * 10 ** 9)
+    assert train_mnist.main(cli(stripes, tmp_path / "run", "--epochs", "1")) == 0
+    # the test batches' 500 images, each 1 x 28 x 28 as it comes and resized, and the MLP's
+    # hidden layer: 500 x (2 x 784 + 17 x 32) floats, 4.2 MB, with the parameters 4.3 MB
+    assert "step memory: about 4.3 MB of 24.0 GB available" in capsys.readouterr().out.splitlines()
+
+
+@pytest.mark.parametrize("model, overrides", [("mnist", {}), ("mnist", {"image_size": 56}),
+                                              ("mnist_hybrid", {})])
+def test_the_step_memory_estimate_is_above_a_measured_step_within_twice_it(model, overrides):
+    """The peak of NumPy's allocations in a float32 training step (tracemalloc sees them)
+    against the estimate, less the parameters' part (allocated before the step)."""
+    config = TrainConfig(model=model, model_overrides=overrides, batch_size=64)
+    vit = config.model_config()
+    with default_dtype("float32"):
+        trainer = Trainer(config, ViT(vit, seed=0))
+        x = np.random.default_rng(0).random((64, 1, vit.image_size, vit.image_size), np.float32)
+        y = np.arange(64) % 10
+        trainer.step(x, y, 1e-3, (0, 0, 0))  # the optimizer's state made
+        tracemalloc.start()
+        trainer.step(x, y, 1e-3, (0, 0, 1))
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    estimate = step_bytes(vit, 64, 0) - 4 * 4 * parameter_count(vit)
+    assert peak < estimate < 2 * peak
+
+
+def test_the_step_memory_estimate_grows_as_the_attention_does():
+    """Tokens N: the scores grow as N^2, the rest as N."""
+    small, large = ViTConfig(image_size=28, patch_size=7), ViTConfig(image_size=56, patch_size=7)
+    ratio = step_bytes(large, 128, 500) / step_bytes(small, 128, 500)
+    assert 3.5 < ratio < 16
+
+
+# ---------------------------------------------------------------- signals
+
+
+def test_a_signal_stops_between_steps_and_a_second_one_says_it_is_stopping(capsys):
+    with Stop() as stop:
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGINT)
+        assert capsys.readouterr().err == "\nSIGINT: already stopping, after the step in flight\n"
+        with pytest.raises(Stopped) as stopped:
+            stop.check()
+    assert stopped.value.signum == signal.SIGTERM and str(stopped.value) == "SIGTERM"
+
+
+def test_a_signal_while_saving_waits_for_the_file(capsys, tmp_path):
+    with Stop() as stop, stop.saving(tmp_path / "last.npz"):
+        os.kill(os.getpid(), signal.SIGINT)  # no exception here: the save goes on
+    assert capsys.readouterr().err == (
+        f"\nSIGINT: still saving {tmp_path / 'last.npz'}; the run stops once it is whole\n")
+
+
+def test_a_signal_stops_evaluation_at_once():
+    with Stop() as stop, pytest.raises(Stopped):
+        with stop.interrupting():
+            os.kill(os.getpid(), signal.SIGTERM)
+            raise AssertionError("not stopped")
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # restored on leaving
