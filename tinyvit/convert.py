@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .train.predict import check_checkpoint_config
 from .weights import read_pretrained, save_model, save_pretrained
 
 OUTPUTS = {".npz": "tinyvit model file", ".safetensors": "timm safetensors + config.json"}
@@ -29,6 +30,7 @@ def convert(src, dst, num_heads=None, num_classes=None, dtype=None, log=print):
     dst = Path(dst)
     if dst.suffix not in OUTPUTS:
         raise ValueError(f"DST must end in .npz or .safetensors, got {dst.name}")
+    check_checkpoint_config(src)
     pretrained = read_pretrained(src)
     given = {"num_heads": num_heads, "num_classes": num_classes}
     overrides = {name: value for name, value in given.items() if value is not None}

@@ -75,7 +75,7 @@ def fit(config, resume=None, stop_after_steps=None, out_dir=None):
         checkpoint = read_checkpoint(resume, run_config)  # every part checked, then read
         model_state, optim_state, meta = (checkpoint.model_state, checkpoint.optim_state,
                                           checkpoint.meta)
-        check_run_state(resume, meta)
+        _check_run_state(resume, meta)
         config = dataclasses.replace(checkpoint.config, out_dir=str(out_dir or resume.parent))
         if processes > 1:  # mpiexec's processes share each batch, whatever ran it before
             config = dataclasses.replace(config, workers=1)
@@ -152,7 +152,7 @@ def _save_stopped(trainer, state, out, stopped):
           f"resume with --resume {out}", flush=True)
 
 
-def check_run_state(path, meta):
+def _check_run_state(path, meta):
     """A CheckpointError unless the RunState fields of a checkpoint's meta have their
     names and types (``RunState.from_meta`` reads them)."""
     names = {f.name for f in dataclasses.fields(RunState)}

@@ -1,22 +1,58 @@
 """Using a trained model: rebuilt from its checkpoint, asked about an image file."""
 
+from pathlib import Path
+
 import numpy as np  # host-side ranking only
 
 from ..backend import to_host
 from ..data import dataset_info, load_image
-from ..models import ViT
+from ..models import ViT, ViTConfig
 from ..nn.functional import softmax
-from ..weights import load_checkpoint, saved_model_config
+from ..weights import CheckpointError
+from ..weights.checkpoint import config_from_json, open_npz, read_checkpoint, read_meta
+from ..weights.fields import check_json_fields
 from .config import TrainConfig
 
 
+def run_config(path, values):
+    """The TrainConfig of a checkpoint's meta ``config`` (``values``, read from JSON):
+    every field's name and type, its ``model_overrides``' too, then every value
+    checked; a CheckpointError naming the file otherwise."""
+    check_json_fields(path, "meta config.model_overrides", ViTConfig,
+                      values.get("model_overrides", {}), CheckpointError)
+    return config_from_json(path, "meta config", TrainConfig, values)
+
+
+def check_checkpoint_config(path):
+    """When ``path`` is a tinyvit training checkpoint, its run config checked as
+    ``load_trained`` checks it. For the readers of its weights alone (``--init``,
+    ``tinyvit.convert``): they read the file through the weights floor, which checks
+    the weights and the model config but does not know TrainConfig."""
+    path = Path(path)
+    if path.suffix == ".npz" and path.is_file():
+        with open_npz(path) as npz:
+            if "meta" in npz.entries:
+                read_meta(npz, run_config)
+
+
+def trained_path(path):
+    """The checkpoint a path names: a file as it is, a run folder's best.npz."""
+    path = Path(path)
+    if not path.is_dir():
+        return path
+    if not (path / "best.npz").is_file():
+        raise FileNotFoundError(f"no best.npz in {path}")
+    return path / "best.npz"
+
+
 def load_trained(path):
-    """(model, TrainConfig) from a training checkpoint; the model of reference layers,
-    in eval mode."""
-    model_state, _, meta = load_checkpoint(path)
-    model = ViT(saved_model_config(meta))
-    model.load_state_dict(model_state)
-    return model.eval(), TrainConfig(**meta["config"])
+    """(model, TrainConfig) from a training checkpoint or a run folder (its
+    best.npz), every part of the file checked before a model is built; the model of
+    reference layers, in eval mode."""
+    checkpoint = read_checkpoint(trained_path(path), run_config, optimizer=False)
+    model = ViT(checkpoint.model_config)
+    model.load_state_dict(checkpoint.model_state)
+    return model.eval(), checkpoint.config
 
 
 def predict(model, config, path, top=3):

@@ -39,17 +39,18 @@ def adapt_state(pretrained, model, head):
         state.update({k: built[k] for k in _keys(built, "pre_logits.")})
         notes.append(f"pre_logits: representation_size {f.get('representation_size', 0)} -> "
                      f"{c.representation_size}, not loaded")
-    return _choose_head(state, built, head, notes), notes
+    return _choose_head(pretrained.path, state, built, head, notes), notes
 
 
-def _choose_head(state, built, head, notes):
+def _choose_head(path, state, built, head, notes):
     keys = ("head.weight", "head.bias")
     fits = all(k in state and state[k].shape == built[k].shape for k in keys)
     if head == "load" and not fits:
         got = [tuple(state[k].shape) if k in state else "absent" for k in keys]
-        raise PretrainedError(f"head='load': expected head.weight {built['head.weight'].shape} and "
-                              f"head.bias {built['head.bias'].shape}, the file has {got[0]} and "
-                              f"{got[1]}; pass head='fresh' or head='zero' to train a new head")
+        raise PretrainedError(f"{path}: head='load': expected head.weight "
+                              f"{built['head.weight'].shape} and head.bias "
+                              f"{built['head.bias'].shape}, the file has {got[0]} and {got[1]}; "
+                              "pass head='fresh' or head='zero' to train a new head")
     if head == "zero":
         state.update({k: np.zeros_like(built[k]) for k in keys})
         notes.append("head set to zero (head='zero')")

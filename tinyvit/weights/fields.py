@@ -1,7 +1,8 @@
 """The ViT config a checkpoint's own files tell: from tensor shapes, from a timm or
-Hugging Face ``config.json``, from the JAX names; and the error naming a field
-that neither the file nor the caller gave."""
+Hugging Face ``config.json``, from the JAX names; the check of config fields read
+from JSON; and the error naming a field that neither the file nor the caller gave."""
 
+import dataclasses
 import re
 
 from .formats import PretrainedError
@@ -14,6 +15,59 @@ HF_DEFAULTS = {  # transformers' ViTConfig defaults, for keys a config.json leav
     "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072,
     "layer_norm_eps": 1e-12, "qkv_bias": True, "hidden_act": "gelu",
 }
+
+
+# what a dataclass field's type takes from JSON: an int is a float too, a list a tuple
+JSON_TYPES = {int: (int,), float: (int, float), bool: (bool,), str: (str,), dict: (dict,),
+              list: (list,), tuple: (list, tuple)}
+JSON_NAMES = {dict: "an object", list: "an array", str: "a string", bool: "a boolean",
+              int: "a number", float: "a number", type(None): "null"}
+
+
+def _json_value(value):
+    """A JSON value as an error message quotes it: its start and its JSON type."""
+    text = repr(value)
+    text = text if len(text) <= 40 else text[:37] + "..."
+    return f"{text} ({JSON_NAMES.get(type(value), type(value).__name__)})"
+
+
+def _fits(value, kind):
+    """Whether a JSON value fits a field's type: a dataclass takes an object, a type
+    outside JSON_TYPES anything (its constructor checks it)."""
+    if dataclasses.is_dataclass(kind):
+        return isinstance(value, dict)
+    if isinstance(value, bool) and kind is not bool:
+        return False
+    return isinstance(value, JSON_TYPES.get(kind, object))
+
+
+def check_json_fields(path, where, cls, values, error=PretrainedError):
+    """An ``error`` naming ``path`` and ``where`` unless ``values``, read from JSON, is
+    an object of ``cls``'s fields, each of its field's type: null where the default
+    is None, an object where the field is a dataclass (checked the same way). A
+    field without default must be there; any other may be left out."""
+    if not isinstance(values, dict):
+        raise error(f"{path}: {where}, expected an object of {cls.__name__} fields, got "
+                    f"{_json_value(values)}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for name, value in values.items():
+        if name not in fields:
+            raise error(f"{path}: {where} has an unknown field, expected a field of "
+                        f"{cls.__name__}, got {name!r}")
+        field = fields[name]
+        if value is None and field.default is None:
+            continue
+        if not _fits(value, field.type):
+            raise error(f"{path}: {where}.{name} has the wrong type, expected "
+                        f"{field.type.__name__}, got {_json_value(value)}")
+        if dataclasses.is_dataclass(field.type):
+            check_json_fields(path, f"{where}.{name}", field.type, value, error)
+    required = [name for name, f in fields.items() if f.default is dataclasses.MISSING
+                and f.default_factory is dataclasses.MISSING]
+    missing = [name for name in required if name not in values]
+    if missing:
+        raise error(f"{path}: {where} misses a field, expected {required}, got "
+                    f"{sorted(values)}")
 
 
 def _depth(tensors, pattern):
@@ -170,10 +224,10 @@ def require_shapes(path, fields, sources):
     """PretrainedError naming every field of ``sources`` that the tensors did not tell."""
     absent = [name for name in sources if name not in fields]
     if absent:
-        lines = [f"{path}: cannot infer the config from the tensors:"]
-        lines += [f"  {name}: {sources[name]} is missing or of an unexpected shape"
-                  for name in absent]
-        raise PretrainedError("\n".join(lines))
+        problems = [f"{name}: {sources[name]} is missing or of an unexpected shape"
+                    for name in absent]
+        raise PretrainedError(f"{path}: cannot infer the config from the tensors: "
+                              + "; ".join(problems))
 
 
 def require_given(path, fields):
@@ -181,10 +235,9 @@ def require_given(path, fields):
     caller gave it, and how to give it."""
     absent = [name for name in NOT_IN_SHAPES if name not in fields]
     if absent:
-        lines = [f"{path}: cannot tell the model's config:"]
-        lines += [f"  {name}: {NOT_IN_SHAPES[name]}" for name in absent]
+        problems = [f"{name}: {NOT_IN_SHAPES[name]}" for name in absent]
         example = ", ".join(f"{name}={EXAMPLES[name]}" for name in absent)
         options = " ".join(f"--{name.replace('_', '-')} {EXAMPLES[name]}" for name in absent)
-        lines.append(f"  pass it: load_pretrained(path, {example}) or "
-                     f"`python -m tinyvit.convert SRC DST {options}`")
-        raise PretrainedError("\n".join(lines))
+        raise PretrainedError(f"{path}: cannot tell the model's config: {'; '.join(problems)}; "
+                              f"pass it: load_pretrained(path, {example}) or "
+                              f"`python -m tinyvit.convert SRC DST {options}`")

@@ -1,5 +1,5 @@
-"""The checkpoint formats tinyvit reads, the error that lists what is wrong with a
-file, and what stands in for a tensor of a dtype tinyvit does not read."""
+"""The checkpoint formats tinyvit reads, the errors that say in one line what is
+wrong with a file, and what stands in for a tensor of a dtype tinyvit does not read."""
 
 import dataclasses
 
@@ -18,7 +18,19 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
 
 class PretrainedError(ValueError):
-    """A file that cannot be read as a ViT checkpoint; the message lists every problem."""
+    """A file that cannot be read as a ViT checkpoint; the message, one line, lists
+    every problem."""
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file cannot be read, or is not a tinyvit checkpoint; the message is
+    one line: "<path>: <what is wrong>, expected <...>, got <...>"."""
+
+
+def one_line(error):
+    """The message of an error raised by another library (zipfile, json, safetensors)
+    on one line."""
+    return "; ".join(line.strip() for line in str(error).splitlines() if line.strip())
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,8 +2,10 @@
 tinyvit's own names (timm's).
 
 Every layout below is mapped to tinyvit's names by ``Rule``s, checking every
-tensor's name and shape against the config (``apply_rules``); one error lists
-every missing, unexpected or mis-shaped tensor and every unsupported dtype.
+tensor's name and shape against the config (``check_rules``, on the shapes a
+file's headers declare before its arrays are read, then ``apply_rules``); one
+error, one line, names the missing, unexpected or mis-shaped tensors and the
+unsupported dtypes.
 
 In the shapes below (the letters of the legend that heads ``docs/backprop.md``):
 D embed_dim, C in_channels, P patch_size, N = G^2 + 1 the number of tokens (the
@@ -73,17 +75,23 @@ NH heads, Dh = D/NH each head's width, K classes, R representation_size.
    too) uses the exact one, so logits differ from the JAX model's very slightly.
 
 4. tinyvit's own model files (``save_model``) and training checkpoints
-   (``last.npz``, ``best.npz``), which carry their config.
+   (``last.npz``, ``best.npz``), which carry their config: the shapes that config
+   gives (``tinyvit_shapes``, a hybrid's stem included) are computed, not read
+   from a model built for it, so that a config from the file is compared with
+   the file's tensors before any model is built.
 
 ``.safetensors`` files are read by ``safetensors_file.py``, the rest by
 ``pretrained.py``.
 """
 
 import dataclasses
+import math
 
 import numpy as np  # host-side file reading only
 
 from .formats import FORMATS, PretrainedError, Unsupported
+
+MAX_LISTED = 6  # the problems an error names; the others are counted
 
 
 @dataclasses.dataclass
@@ -245,16 +253,41 @@ def jax_rules(f, has_head=True):
     return rules
 
 
+def tinyvit_shapes(config):
+    """(parameters, buffers): ``{name: shape}`` of the state dict of ``ViT(config)``,
+    computed without building it: a hybrid's stem (``patch_embed.backbone``, with
+    BatchNorm's running averages as buffers), then timm's names over the stem's
+    channels and feature map."""
+    parameters, buffers, channels = {}, {}, config.in_channels
+    for i, (out, kernel, _) in enumerate(config.stem, start=1):
+        conv, norm = f"patch_embed.backbone.conv{i}.", f"patch_embed.backbone.norm{i}."
+        parameters.update({conv + "weight": (out, channels, kernel, kernel),
+                           norm + "weight": (out,), norm + "bias": (out,)})
+        if config.stem_norm == "batch":
+            buffers.update({norm + "running_mean": (out,), norm + "running_var": (out,)})
+        channels = out
+    fields = {**dataclasses.asdict(config), "in_channels": channels,
+              "image_size": config.feature_size}
+    parameters.update({rule.key: rule.shapes[0] for rule in timm_rules(fields)})
+    return parameters, buffers
+
+
+def check_depth(path, kind, depth, tensors, error=PretrainedError):
+    """An ``error`` when a config's depth asks for more blocks than the file has
+    tensors, before the rules of that many blocks are listed."""
+    if depth > len(tensors):
+        raise error(f"{path}: the config of this {FORMATS[kind]} does not match its tensors, "
+                    f"expected at least {depth} tensors for depth {depth}, got {len(tensors)}")
+
+
 def _describe(fields):
     names = ("image_size", "patch_size", "in_channels", "embed_dim", "depth", "num_heads",
              "mlp_ratio", "num_classes", "representation_size", "pool")
     return ", ".join(f"{n}={fields[n]!r}" for n in names if n in fields)
 
 
-def apply_rules(path, kind, fields, tensors, rules, ignored=()):
-    """The tinyvit state dict made by ``rules``, after checking every tensor named
-    in them (present, float, of the expected shape) and that the file has no other
-    tensor than those and the ``ignored`` ones; one PretrainedError lists every problem."""
+def _problems(tensors, rules, ignored):
+    """What is wrong with ``tensors`` against ``rules``, a line each."""
     problems, expected = [], set()
     for rule in rules:
         for name, shape in zip(rule.sources, rule.shapes):
@@ -270,7 +303,33 @@ def apply_rules(path, kind, fields, tensors, rules, ignored=()):
     for name, tensor in tensors.items():
         if name not in expected and name not in ignored:
             problems.append(f"unexpected tensor {name} of shape {tuple(tensor.shape)}")
+    return problems
+
+
+def _count(shapes):
+    """The text "N tensors of V values" of a list of shapes."""
+    return f"{len(shapes)} tensors of {sum(math.prod(s) for s in shapes):,} values"
+
+
+def check_rules(path, kind, fields, tensors, rules, ignored=(), error=PretrainedError):
+    """An ``error`` unless every tensor named in ``rules`` is present, float and of
+    the expected shape, and the file has no other tensor than those and the
+    ``ignored`` ones. ``tensors`` may be arrays, or anything with a ``shape`` (a
+    header read before the arrays) or ``Unsupported``. The message says how many
+    tensors and values the config expects and the file has, and names the first
+    ``MAX_LISTED`` problems."""
+    problems = _problems(tensors, rules, ignored)
     if problems:
-        head = f"{path} ({FORMATS[kind]}): the tensors do not match a ViT with {_describe(fields)}:"
-        raise PretrainedError("\n".join([head] + [f"  {p}" for p in problems]))
+        listed = "; ".join(problems[:MAX_LISTED])
+        if len(problems) > MAX_LISTED:
+            listed += f"; and {len(problems) - MAX_LISTED} more"
+        expected = _count([shape for rule in rules for shape in rule.shapes])
+        got = _count([tuple(tensor.shape) for tensor in tensors.values()])
+        raise error(f"{path}: the tensors of this {FORMATS[kind]} do not match a ViT with "
+                    f"{_describe(fields)}, expected {expected}, got {got}: {listed}")
+
+
+def apply_rules(path, kind, fields, tensors, rules, ignored=()):
+    """The tinyvit state dict made by ``rules``, after ``check_rules``."""
+    check_rules(path, kind, fields, tensors, rules, ignored)
     return {rule.key: np.ascontiguousarray(rule.apply(tensors)) for rule in rules}

@@ -10,6 +10,13 @@ format's tensors to tinyvit's names, ``fields.py`` reads the config it tells),
 and ``save_pretrained`` writes timm's layout, which PyTorch loads with
 ``load_state_dict``. Nothing is unpickled: a ``pytorch_model.bin`` (or ``.pt``,
 ``.pth``) is refused.
+
+A file may come from anyone: ``.npz`` files are read by ``checkpoint.open_npz``,
+which checks every header against the file's size before it reads an array, a
+``.safetensors`` file's header is checked so by the safetensors package, and a
+config, from the file or a ``config.json`` (at most ``MAX_CONFIG_BYTES``), is
+checked field by field and then against the tensors' shapes before a model is
+built. Every error is one line naming the file.
 """
 
 import dataclasses
@@ -21,10 +28,11 @@ import numpy as np  # host-side file reading only
 from ..files import atomic_write
 from ..models import PRESETS, ViT, ViTConfig
 from .adapt import adapt_state
-from .checkpoint import load_npz, saved_model_config
+from .checkpoint import float_headers, open_npz, read_model_file, read_training_checkpoint
 from .fields import (
     JAX_SOURCES,
     TIMM_SOURCES,
+    check_json_fields,
     hf_fields,
     jax_fields,
     require_given,
@@ -32,11 +40,16 @@ from .fields import (
     timm_fields_from_json,
     timm_fields_from_shapes,
 )
-from .formats import FORMATS, PICKLE_SUFFIXES, PretrainedError, widen
-from .names import Rule, apply_rules, hf_rules, jax_rules, timm_rules
+from .formats import FORMATS, PICKLE_SUFFIXES, PretrainedError, one_line, widen
+from .names import apply_rules, check_depth, check_rules, hf_rules, jax_rules, timm_rules
 from .safetensors_file import read_safetensors, safetensors_package
 
 HEAD_MODES = ("auto", "load", "fresh", "zero")
+MAX_CONFIG_BYTES = 1 << 20  # a config.json beside the weights (a hub's is some 1,000 bytes)
+
+# what a config.json's values of another type than expected raise in the readers of fields.py
+CONFIG_ERRORS = (TypeError, AttributeError, KeyError, IndexError, ZeroDivisionError,
+                 OverflowError)
 
 
 # fields fixed by the checkpoint's tensors: an override must agree with the file
@@ -73,7 +86,10 @@ class Pretrained:
                                   f"{', '.join(clashes)}")
         fields = {**self.fields, **overrides}
         require_given(self.path, fields)
-        return ViTConfig(**fields)
+        try:
+            return ViTConfig(**fields)
+        except ValueError as e:
+            raise PretrainedError(f"{self.path}: not a valid config, {e}") from e
 
     def build(self, head="auto", dtype=None, seed=0, log=None, **overrides):
         """A ViT of ``self.config(**overrides)`` holding the file's weights; see
@@ -90,10 +106,31 @@ class Pretrained:
 
 
 def _json(path):
+    """The JSON object of a config.json of at most MAX_CONFIG_BYTES."""
+    size = Path(path).stat().st_size
+    if size > MAX_CONFIG_BYTES:
+        raise PretrainedError(f"{path}: too large for a config, expected at most "
+                              f"{MAX_CONFIG_BYTES:,} bytes, got {size:,}")
     try:
-        return json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:
-        raise PretrainedError(f"{path}: not a readable JSON file ({e})") from e
+        config = json.loads(Path(path).read_text())
+    except (OSError, ValueError, RecursionError) as e:
+        raise PretrainedError(f"{path}: not a readable JSON file ({one_line(e)})") from e
+    if not isinstance(config, dict):
+        raise PretrainedError(f"{path}: not a config, expected a JSON object, got "
+                              f"{type(config).__name__}")
+    return config
+
+
+def _config_fields(path, read, config):
+    """The ViTConfig fields ``read`` takes from a config.json, of the right types."""
+    try:
+        fields = read(config)
+    except CONFIG_ERRORS as e:
+        raise PretrainedError(f"{path}: a value of the config is not of its type, expected "
+                              f"the numbers, strings and lists of a ViT config, got "
+                              f"{type(e).__name__}: {one_line(e)}") from e
+    check_json_fields(path, "config", ViTConfig, fields)
+    return fields
 
 
 def _is_hf(tensors):
@@ -105,9 +142,13 @@ def _read_hf(path, tensors, config_path):
         raise PretrainedError(f"{path}: Hugging Face ViT weights need the config.json of their "
                               f"folder, expected {config_path}")
     config = _json(config_path)
-    fields = hf_fields(config, config_path)
+    fields = _config_fields(config_path, lambda c: hf_fields(c, config_path), config)
+    check_depth(path, "hf", fields["depth"], tensors)
     prefix = "vit." if any(name.startswith("vit.") for name in tensors) else ""
     architectures = config.get("architectures") or []
+    if not isinstance(architectures, list) or not all(isinstance(a, str) for a in architectures):
+        raise PretrainedError(f"{config_path}: architectures has the wrong type, expected a list "
+                              f"of names, got {str(architectures)[:40]}")
     has_head = ("ViTForImageClassification" in architectures
                 or any(name.startswith("classifier.") for name in tensors))
     pooler = tuple(n for n in tensors if n.startswith(prefix + "pooler."))
@@ -125,7 +166,7 @@ def _read_timm(path, tensors, config_path):
     if config_path.is_file():
         config = _json(config_path)
         if "architecture" in config or "tinyvit_config" in config:
-            fields.update(timm_fields_from_json(config))
+            fields.update(_config_fields(config_path, timm_fields_from_json, config))
             notes.append(f"config from {config_path} ({config.get('architecture', 'tinyvit')})")
         else:
             notes.append(f"ignored {config_path}: not a timm config (no 'architecture')")
@@ -135,6 +176,7 @@ def _read_timm(path, tensors, config_path):
     if not fields.get("num_classes"):  # timm's num_classes=0: a model without head
         fields.pop("num_classes", None)
     require_shapes(path, fields, TIMM_SOURCES)
+    check_depth(path, "timm", fields["depth"], tensors)
     has_head = any(name.startswith("head.") for name in tensors) or fields.get("num_classes", 0) > 0
     state = apply_rules(path, "timm", fields, tensors, timm_rules(fields, has_head))
     return Pretrained(path, "timm", fields, state, notes)
@@ -149,39 +191,39 @@ def _read_safetensors_file(path):
 
 
 def _read_npz(path):
-    arrays = load_npz(path)
-    if "__config__" in arrays:
-        fields = json.loads(arrays.pop("__config__"))
-        return _from_tinyvit(path, "tinyvit", fields, arrays)
-    if "meta" in arrays:
-        meta = json.loads(arrays.pop("meta"))
-        try:
-            fields = dataclasses.asdict(saved_model_config(meta))
-        except (KeyError, TypeError, ValueError) as e:
-            raise PretrainedError(f"{path}: the training config in the checkpoint is not "
-                                  f"valid here ({e})") from e
-        model = {k[len("model/"):]: v for k, v in arrays.items() if k.startswith("model/")}
-        return _from_tinyvit(path, "tinyvit-checkpoint", fields, model)
-    tensors = {k: widen(v) for k, v in arrays.items()}
-    if any("/" in name for name in tensors):
-        fields = jax_fields(tensors)
-        require_shapes(path, fields, JAX_SOURCES)
-        has_head = any(name.startswith("head/") for name in tensors)
-        state = apply_rules(path, "jax", fields, tensors, jax_rules(fields, has_head))
-        return Pretrained(path, "jax", fields, state, [f"{path}: {FORMATS['jax']}"])
+    with open_npz(path) as npz:
+        if "__config__" in npz.entries:
+            config, state = read_model_file(npz)
+            return _from_tinyvit(path, "tinyvit", config, state)
+        if "meta" in npz.entries:
+            checkpoint = read_training_checkpoint(npz, optimizer=False)
+            return _from_tinyvit(path, "tinyvit-checkpoint", checkpoint.model_config,
+                                 checkpoint.model_state)
+        if any("/" in name for name in npz.entries):
+            return _read_jax(path, npz)
     raise PretrainedError(f"{path}: expected a tinyvit model file (__config__ entry), a tinyvit "
                           "training checkpoint (meta entry) or a JAX checkpoint (names with '/'), "
-                          f"got entries {sorted(arrays)[:5]}")
+                          f"got entries {sorted(npz.entries)[:5]}")
 
 
-def _from_tinyvit(path, kind, fields, arrays):
-    """tinyvit's own names, checked against those of a model of the file's config
-    (a hybrid's stem and BatchNorm's running averages included)."""
-    tensors = {k: widen(v) for k, v in arrays.items()}
-    expected = ViT(ViTConfig(**fields)).state_dict()
-    rules = [Rule(key, (key,), (value.shape,)) for key, value in expected.items()]
-    state = apply_rules(path, kind, fields, tensors, rules)
-    return Pretrained(path, kind, fields, state, [f"{path}: {FORMATS[kind]}"])
+def _read_jax(path, npz):
+    """The paper's JAX file: the config its headers' shapes tell, every header checked
+    against it, then the arrays read and mapped."""
+    headers = float_headers(npz.entries)
+    fields = jax_fields(headers)
+    require_shapes(path, fields, JAX_SOURCES)
+    has_head = any(name.startswith("head/") for name in headers)
+    rules = jax_rules(fields, has_head)
+    check_rules(path, "jax", fields, headers, rules)
+    tensors = {name: widen(npz.read(name)) for name in headers}
+    state = apply_rules(path, "jax", fields, tensors, rules)
+    return Pretrained(path, "jax", fields, state, [f"{path}: {FORMATS['jax']}"])
+
+
+def _from_tinyvit(path, kind, config, state):
+    """A tinyvit file's Pretrained: its config and state, checked by ``checkpoint.py``."""
+    state = {name: widen(array) for name, array in state.items()}
+    return Pretrained(path, kind, dataclasses.asdict(config), state, [f"{path}: {FORMATS[kind]}"])
 
 
 def _refuse_pickle(path):

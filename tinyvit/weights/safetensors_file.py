@@ -7,7 +7,7 @@ import json
 
 import numpy as np  # host-side file reading only
 
-from .formats import PretrainedError, Unsupported, widen
+from .formats import PretrainedError, Unsupported, one_line, widen
 
 SAFETENSORS_FLOATS = ("F64", "F32", "F16")  # what safetensors' NumPy API reads; BF16 by hand
 
@@ -66,5 +66,5 @@ def read_safetensors(path):
                 else:
                     tensors[name] = Unsupported(dtype, shape)
     except safetensors.SafetensorError as e:
-        raise PretrainedError(f"{path}: not a readable .safetensors file ({e})") from e
+        raise PretrainedError(f"{path}: not a readable .safetensors file ({one_line(e)})") from e
     return tensors, metadata
