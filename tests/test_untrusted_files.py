@@ -30,8 +30,8 @@ from tinyvit.weights import (
     load_pretrained,
     save_model,
 )
-from tinyvit.weights.checkpoint import MAX_TEXT_CHARS
 from tinyvit.weights.names import tinyvit_shapes
+from tinyvit.weights.npz import MAX_TEXT_CHARS
 
 ROOT = Path(__file__).resolve().parents[1]
 MB = 1 << 20

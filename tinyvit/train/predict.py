@@ -9,8 +9,9 @@ from ..data import dataset_info, load_image
 from ..models import ViT, ViTConfig
 from ..nn.functional import softmax
 from ..weights import CheckpointError
-from ..weights.checkpoint import config_from_json, open_npz, read_checkpoint, read_meta
+from ..weights.checkpoint import config_from_json, read_checkpoint, read_meta
 from ..weights.fields import check_json_fields
+from ..weights.npz import open_npz
 from .config import TrainConfig
 
 

@@ -11,7 +11,7 @@ and ``save_pretrained`` writes timm's layout, which PyTorch loads with
 ``load_state_dict``. Nothing is unpickled: a ``pytorch_model.bin`` (or ``.pt``,
 ``.pth``) is refused.
 
-A file may come from anyone: ``.npz`` files are read by ``checkpoint.open_npz``,
+A file may come from anyone: ``.npz`` files are read by ``npz.open_npz``,
 which checks every header against the file's size before it reads an array, a
 ``.safetensors`` file's header is checked so by the safetensors package, and a
 config, from the file or a ``config.json`` (at most ``MAX_CONFIG_BYTES``), is
@@ -28,7 +28,7 @@ import numpy as np  # host-side file reading only
 from ..files import atomic_write
 from ..models import PRESETS, ViT, ViTConfig
 from .adapt import adapt_state
-from .checkpoint import float_headers, open_npz, read_model_file, read_training_checkpoint
+from .checkpoint import float_headers, read_model_file, read_training_checkpoint
 from .fields import (
     JAX_SOURCES,
     TIMM_SOURCES,
@@ -42,6 +42,7 @@ from .fields import (
 )
 from .formats import FORMATS, PICKLE_SUFFIXES, PretrainedError, one_line, widen
 from .names import apply_rules, check_depth, check_rules, hf_rules, jax_rules, timm_rules
+from .npz import open_npz
 from .safetensors_file import read_safetensors, safetensors_package
 
 HEAD_MODES = ("auto", "load", "fresh", "zero")
