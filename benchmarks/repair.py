@@ -3,11 +3,16 @@ mutant of every reference backward (``mutants.py``), and on set (b), the learner
 of ``mistakes.py``, each through the workbook's check.
 
     python benchmarks/repair.py mutants [--case Linear ...] [--part I/N] [--json FILE]
+    python benchmarks/repair.py mutants --retry FILE... [--part I/N] [--json FILE]
+    python benchmarks/repair.py summary FILE... [--retried FILE...]
     python benchmarks/repair.py mistakes [--file SET] [--json FILE]
 
 Prints per case the mutants, the share the check fails, the share repaired at the mutated
 line, the share with any passing fix, and the search's median and worst time; the
-mutants left unrepaired are listed.
+mutants left unrepaired are listed. ``--retry`` runs again only the mutants an earlier
+run found no fix for (on a quieter machine, or with a larger ``--budget``): the search's
+order does not depend on time, so a mutant fixed once is fixed again, and ``summary``
+merges the two runs.
 """
 
 import argparse
@@ -34,11 +39,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import mutants as mutant_set  # noqa: E402
 
 
-def measure_mutants(names, budget, out, part=(0, 1)):
+def measure_mutants(names, budget, out, part=(0, 1), retry=()):
     """Every mutant (of the cases ``names``, or all), or the ``part`` (i, n) of them whose
-    number is i modulo n: two processes on two cores each take one half."""
+    number is i modulo n: two processes on two cores each take one half. With ``retry``
+    (JSON files of an earlier run), only the mutants they found no fix for."""
     rows, built, started = [], {}, time.perf_counter()
-    for number, (case_name, build, mutant, function) in enumerate(mutant_set.generate(names)):
+    unfixed = {_key(m) for m in _rows(retry) if m["outcome"] == "no fix"}
+    if retry:
+        names = sorted({m[0] for m in unfixed})
+    chosen = (m for m in mutant_set.generate(names) if not retry or _key(vars(m[2])) in unfixed)
+    for number, (case_name, build, mutant, function) in enumerate(chosen):
         if number % part[1] != part[0]:
             continue
         if case_name not in built:
@@ -56,6 +66,30 @@ def measure_mutants(names, budget, out, part=(0, 1)):
     if out:
         Path(out).write_text(json.dumps({"summary": summary, "mutants": [vars(m) for m in rows]},
                                         indent=1))
+
+
+def _key(row):
+    """What tells one mutant from another: its case, function, rule and changes."""
+    return (row["case"], row["function"], row["rule"], json.dumps(row["changes"]))
+
+
+def _rows(files):
+    return [row for f in files for row in json.loads(Path(f).read_text())["mutants"]]
+
+
+def summary_of(files, retried=()):
+    """The summary of the mutants of ``files`` (the parts of one run), each mutant it
+    found no fix for replaced by its row in ``retried`` (runs of ``--retry``) where it
+    has one; with a summary per case."""
+    again = {}
+    for row in _rows(retried):
+        again.setdefault(_key(row), []).append(row)
+    merged = [mutant_set.Mutant(**(again[_key(row)].pop(0) if row["outcome"] == "no fix"
+                                   and again.get(_key(row)) else row)) for row in _rows(files)]
+    summary = summarize(merged)
+    for case in dict.fromkeys(m.case for m in merged):
+        summary[case] = summarize([m for m in merged if m.case == case])
+    print(json.dumps(summary, indent=1))
 
 
 def measure_mistakes(out, path=None):
@@ -229,16 +263,23 @@ def summarize(rows):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("set", choices=("mutants", "mistakes"))
+    p.add_argument("set", choices=("mutants", "mistakes", "summary"))
+    p.add_argument("files", nargs="*", help="summary: the JSON files of a run's parts")
+    p.add_argument("--retried", nargs="+", default=(),
+                   help="summary: the JSON files of its --retry run")
     p.add_argument("--case", nargs="+", help="these cases of python -m tinyvit.gradcheck alone")
     p.add_argument("--budget", type=float, default=2.0, help="seconds per search")
     p.add_argument("--json", help="write every result here")
     p.add_argument("--file", help="mistakes: another set, written as mistakes.py is")
     p.add_argument("--part", default="0/1", help="mutants: the part i/n of them to run")
+    p.add_argument("--retry", nargs="+", default=(),
+                   help="mutants: only those these JSON files of a run found no fix for")
     args = p.parse_args(argv)
     if args.set == "mutants":
         measure_mutants(args.case, args.budget, args.json,
-                        tuple(int(k) for k in args.part.split("/")))
+                        tuple(int(k) for k in args.part.split("/")), args.retry)
+    elif args.set == "summary":
+        summary_of(args.files, args.retried)
     else:
         measure_mistakes(args.json, args.file)
 
