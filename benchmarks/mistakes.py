@@ -138,10 +138,10 @@ return dout * grad
     Mistake("gelu", "the density written by hand without the 1/2 in the exponent", """
 x = self._take_cache()
 Phi = normal_cdf(x)
-phi = xp.exp(-x ** 2) / xp.sqrt(2 * xp.pi)   # standard normal density
+phi = xp.exp(-x ** 2) / (2 * xp.pi) ** 0.5   # standard normal density
 dx = dout * (Phi + x * phi)
 return dx
-""", {3: "phi = xp.exp(-x ** 2 / 2) / xp.sqrt(2 * xp.pi)   # standard normal density"}),
+""", {3: "phi = xp.exp(-x ** 2 / 2) / (2 * xp.pi) ** 0.5   # standard normal density"}),
     # -- 4 gelu_tanh ----------------------------------------------------------------------
     Mistake("gelu_tanh", "the 3 of d(x^3)/dx forgotten", """
 x = self._take_cache()
@@ -411,7 +411,7 @@ return dx
     # -- 10 softmax_jacobian --------------------------------------------------------------
     Mistake("softmax_jacobian", "A^T A formed as an inner product, not the outer one", """
 N = A.shape[-1]
-diag = A[..., :, None] * xp.eye(N)             # (..., N, N)
+diag = A[..., :, None] * xp.eye(N, dtype=A.dtype)  # (..., N, N)
 outer = A[..., None, :] @ A[..., :, None]      # (..., N, N)
 J = diag - outer
 dS = xp.einsum("...j,...jk->...k", dA, J)
@@ -419,7 +419,7 @@ return dS
 """, {3: "outer = A[..., :, None] @ A[..., None, :]      # (..., N, N)"}),
     Mistake("softmax_jacobian", "J[j, k] = delta_jk - A_k: the A_j factor lost", """
 N = A.shape[-1]
-I = xp.eye(N)
+I = xp.eye(N, dtype=A.dtype)
 # J[j, k] = dA_j / dS_k
 J = I - A[..., None, :]
 dS = (dA[..., None, :] @ J)[..., 0, :]
@@ -428,7 +428,7 @@ return dS
     Mistake("softmax_jacobian", "dA @ J with dA not made a row: its batch axes broadcast wrongly",
             """
 n = A.shape[-1]
-J = A[..., :, None] * xp.eye(n) - A[..., :, None] * A[..., None, :]
+J = A[..., :, None] * xp.eye(n, dtype=A.dtype) - A[..., :, None] * A[..., None, :]
 dS = dA @ J
 return dS
 """, {3: "dS = (dA[..., None, :] @ J)[..., 0, :]"}),
@@ -436,9 +436,9 @@ return dS
 N = A.shape[-1]
 Ai = A[..., :, None]   # (..., N, 1)
 Ak = A[..., None, :]   # (..., 1, N)
-J = Ai * Ak - Ai * xp.eye(N)
+J = Ai * Ak - Ai * xp.eye(N, dtype=A.dtype)
 return xp.einsum("...j,...jk->...k", dA, J)
-""", {4: "J = Ai * xp.eye(N) - Ai * Ak"}),
+""", {4: "J = Ai * xp.eye(N, dtype=A.dtype) - Ai * Ak"}),
     # -- 11 softmax (fused) ---------------------------------------------------------------
     Mistake("softmax", "the elementwise A (1 - A), as if softmax were a sigmoid", """
 # dA_j/dS_j = A_j (1 - A_j)

@@ -169,6 +169,14 @@ PLANTED = {  # exercise: (the library's line, the learner's mistake, what the fa
         "gelu", ("return dout * (normal_cdf(x) + x * normal_pdf(x))",
                  "return dout * normal_cdf(x)"),
         "the term x * phi(x) of y' = Phi(x) + x * phi(x) is missing"),
+    "the density written with a NumPy float64 number": (
+        "gelu", ("return dout * (normal_cdf(x) + x * normal_pdf(x))",
+                 "phi = xp.exp(-x * x / 2) / xp.sqrt(2 * xp.pi)\n"
+                 "        return dout * (normal_cdf(x) + x * phi)"),
+        "case 1 in float32, input (3, 7): the input's gradient is float64 where the input is "
+        "float32, first at line ", " of ex03_gelu.py (backward): `phi = xp.exp(-x * x / 2) / "
+        "xp.sqrt(2 * xp.pi)` made `phi` wider: ", "a NumPy float64 number (xp.sqrt(2 * xp.pi) "
+        "is one"),
     "a residual branch's gradient not added": (
         "residual", ("return dout + self.branch.backward(dout)",
                      "self.branch.backward(dout)\n        return dout"),

@@ -103,6 +103,21 @@ class Trace:
             found.setdefault((code, line), counter)
         return found
 
+    def widened(self, dtype):
+        """(code, line, name) of the first line that made a value wider than ``dtype``
+        (a float64 array in a float32 backward): the name it assigned, or "the value
+        returned"; None where no line did."""
+        for call in self.calls:
+            ran = sorted((began, line) for began, _, code, line in self.lines
+                         if code is call.code and call.start <= began <= call.end)
+            after = [call.scopes.get(line, {}) for _, line in ran[1:]] + [
+                {**call.scopes.get("return", {}), "the value returned": call.returned}]
+            for (_, line), before, now in zip(ran, [{}] + after, after):
+                for name, value in now.items():
+                    if _wider(value, dtype) and not _wider(before.get(name), dtype):
+                        return call.code, line, name
+        return None
+
     def ran_between(self, start, end):
         """{(code, line)}: the lines of editable code that ran, in part at least, between
         two events (a line that calls a layer runs while the layer does)."""
@@ -183,6 +198,10 @@ def called(run):
     finally:
         sys.setprofile(previous)
     return result, codes
+
+
+def _wider(value, dtype):
+    return is_array(value) and value.dtype.kind == "f" and value.dtype.itemsize > dtype.itemsize
 
 
 def _snapshot(local_names):

@@ -28,6 +28,7 @@ import dataclasses
 import importlib.util
 import inspect
 import json
+import linecache
 import sys
 import traceback
 from contextlib import contextmanager, nullcontext
@@ -52,6 +53,7 @@ from ..gradcheck.check import compare, doubled
 from ..gradcheck.diagnose import Context, diagnose
 from ..gradcheck.repair import Probe, measure, search
 from ..gradcheck.source import NotEditable, Source
+from ..gradcheck.trace import trace
 from ..nn.conv import col2im
 from . import harness
 from .exercises import EXERCISES, by_name, derivation
@@ -300,16 +302,29 @@ def _keeps_dtype(ex, yours, case):
     where = f"exercise {ex.number} ({ex.title}), case 1 in float32, input {_shapes(inputs)}"
     dout = _upstream(mine, inputs, before_forward)
     dout = dout.astype(xp.float32) if is_array(dout) else dout
-    try:
-        grads = _plain_backward(mine, inputs, before_forward, dout)
-    except Exception as error:
-        raise ExerciseFailed(_paragraph(ex, where, _after(error))) from None
+    grads, ran = trace(lambda: _plain_backward(mine, inputs, before_forward, dout))
+    if isinstance(grads, Exception):
+        raise ExerciseFailed(_paragraph(ex, where, _after(grads))) from None
     for name, value in grads.items():
         if is_array(value) and value.dtype != inputs[0].dtype:
             raise ExerciseFailed(_paragraph(
                 ex, where, f"{_tensor(name)} is {value.dtype} where the input is "
-                f"{inputs[0].dtype}: an array made without dtype= (xp.zeros(shape) is float64; "
-                "give it dtype=dout.dtype, or use zeros_like)"))
+                f"{inputs[0].dtype}{_widened_at(ran, inputs[0].dtype)}: an array made without "
+                "dtype= (xp.zeros(shape) is float64: give it dtype=dout.dtype, or use "
+                "zeros_like), or a NumPy float64 number (xp.sqrt(2 * xp.pi) is one: a float "
+                "of Python's, math.sqrt(2 * math.pi), keeps the array's dtype)"))
+
+
+def _widened_at(ran, dtype):
+    """", first at line N of FILE (function): `text` made NAME wider" where the trace
+    ``ran`` shows the line that first made a value wider than ``dtype``."""
+    found = ran.widened(dtype)
+    if found is None:
+        return ""
+    code, line, name = found
+    text = linecache.getline(code.co_filename, line).strip()
+    return (f", first at line {line} of {Path(code.co_filename).name} ({code.co_name}): "
+            f"`{text}` made {name if ' ' in name else f'`{name}`'} wider")
 
 
 def _upstream(module, inputs, before_forward):
