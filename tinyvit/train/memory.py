@@ -89,5 +89,5 @@ def check_memory(model, config, itemsize=4):
 
 
 def _size(n):
-    return megabytes(n) if n < 1e9 else f"{n / 1e9:.1f} GB"
+    return megabytes(n) if n < 1e9 else f"{n / 1e9:,.1f} GB"
 
