@@ -21,6 +21,7 @@ from tinyvit.gradcheck.repair import Probe, scope_of, search
 from tinyvit.gradcheck.source import Source
 from tinyvit.gradcheck.trace import trace
 from tinyvit.nn import functional, layers
+from tinyvit.nn.module import Module
 from tinyvit.nn.functional import softmax_backward
 
 xp = B.xp
@@ -117,6 +118,20 @@ class UnguardedLinear(layers.Linear):
         return (dout2 @ self.weight.data).reshape(*dout.shape[:-1], self.in_features)
 
 
+class ProductRuleSwish(Module):
+    """A layer of a user's own, y = x sigmoid(x), no reference anywhere."""
+
+    def forward(self, x):
+        s = 1 / (1 + xp.exp(-x))
+        self.cache = (x, s)
+        return x * s
+
+    def backward(self, dout):
+        x, s = self._take_cache()
+        ds = s * (1 - s)
+        return dout * x * ds  # d(x s) = s + x s': the first term forgotten
+
+
 def scope(function, module, x, before_forward=None, reference=None):
     """The error model's Scope of ``function`` as ``module``'s backward runs it."""
     def forward():
@@ -156,6 +171,20 @@ def test_each_rule_applies_and_is_reverted():
             edit.revert()
             assert ast.dump(source.tree) == original, (edit.rule, edit.detail)
     assert rules == set(COSTS)
+
+
+def test_the_product_rules_forgotten_term_is_found_in_a_layer_without_a_reference():
+    with B.default_dtype("float64"):
+        report = gradient_check(ProductRuleSwish(), randn(3, 4))
+    line = line_of(ProductRuleSwish.backward, "return dout * x * ds")
+    text = str(report).splitlines()
+    head = next(i for i, t in enumerate(text) if t.startswith("the fix, found by trying "))
+    assert text[head + 1:head + 5] == [
+        f"  line {line} of tests/{HERE} (ProductRuleSwish.backward):",
+        "        return dout * x * ds  # d(x s) = s + x s': the first term forgotten",
+        "     -> return dout * x * ds + dout * s  # d(x s) = s + x s': the first term forgotten",
+        "  the product rule's other term, dout * s, was missing: d(u v) = du v + u dv, and x * "
+        "ds is one of its two terms alone"]
 
 
 def test_a_wrong_backward_is_answered_with_the_fix_on_its_own_line():

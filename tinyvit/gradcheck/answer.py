@@ -348,6 +348,9 @@ REASONS = {
                           if edit.detail["what"] == "applied" else
                           f"{edit.detail['function']} is not applied here"),
     "term": lambda edit: f"the term {edit.detail['term']} was missing here",
+    "product": lambda edit: (f"the product rule's other term, {edit.detail['term']}, was "
+                             f"missing: d(u v) = du v + u dv, and {edit.detail['run']} is one "
+                             "of its two terms alone"),
     "reference": lambda edit: f"{edit.detail['term']} is what tinyvit's own backward computes here",
     "copy": lambda edit: ("an array of its own: changed in place, a name shared with another "
                           "(the upstream gradient, a cached value) changes that one too"),

@@ -63,7 +63,7 @@ from .edits import (
 COSTS = {"accumulate": 0.5, "sign": 1.0, "name": 1.0, "transpose": 1.0, "reduction": 1.0,
          "swap": 1.0, "order": 1.0, "factor": 1.5, "axes": 1.5, "index": 1.5,
          "discarded": 1.5, "backward": 2.0, "drop": 1.5, "constant": 2.0, "call": 2.0,
-         "reference": 2.5, "term": 3.0, "copy": 1.5, "guard": 1.0}
+         "reference": 2.5, "term": 3.0, "product": 3.0, "copy": 1.5, "guard": 1.0}
 FAR = 1.5  # added to a rule's cost for its less likely proposals (a permutation of three
 #            or more axes, an axis a reduction rarely takes, an array as a factor)
 AXES = (0, 1, 2, 3, -1, -2, (0, 2, 3), (0, 1), (2, 3), (1, 2), None)
@@ -676,6 +676,7 @@ class _Proposer:
                                                 node), extra=0.5, layer=layer)
         if factor_of and not is_sum:
             return
+        self.product_rule(slot, node)
         text = ast.unparse(node)
         for term, own in self.terms:
             if ast.unparse(term) == text:
@@ -684,6 +685,30 @@ class _Proposer:
             for op in (ast.Add(), ast.Sub()):
                 self.add("term", slot, located(ast.BinOp(left=node, op=op, right=term), node),
                          term=ast.unparse(term))
+
+    def product_rule(self, slot, node):
+        """The product rule's other term, where a product has one alone: ``a * x * ds``,
+        for the derivative of x s, with ``+ a * s`` added (d(x s) = s + x ds): a run of its
+        factors written as a name that one of them was computed from (``ds = s * (1 - s)``
+        reads s), an array in scope."""
+        factors = _factors_of(node)
+        if len(factors) < 2:
+            return
+        arrays = set(self.scope.arrays(self.line))
+        for i, j in itertools.combinations(range(len(factors) + 1), 2):
+            if j - i == len(factors):
+                continue  # the whole product: the term rule adds a name on its own
+            run = set().union(*(names_in(f) for f in factors[i:j]))
+            sources = set().union(*(_read_by(self.source.tree, n) for n in run)) - run
+            for name in sorted(sources & arrays):
+                name = name_node(name, self.statement)
+                other = functools.reduce(
+                    lambda left, right: ast.BinOp(left=left, op=ast.Mult(), right=right),
+                    [*factors[:i], name, *factors[j:]])
+                self.add("product", slot, located(ast.BinOp(left=node, op=ast.Add(), right=copy
+                                                            .deepcopy(other)), node),
+                         term=ast.unparse(other), run=" * ".join(map(ast.unparse,
+                                                                     factors[i:j])))
 
     @functools.cached_property
     def factors(self):
@@ -814,6 +839,23 @@ def _taken_of(term, name, first=False):
 def _is_module(node):
     """Whether a call's receiver is a module (xp.sum(...)), not an array (g.sum(...))."""
     return isinstance(node, ast.Name) and node.id in ("xp", "np", "cp")
+
+
+def _read_by(tree, name):
+    """The names that the assignments of ``name`` in ``tree`` read."""
+    return set().union(*(names_in(n.value) for n in ast.walk(tree)
+                                if isinstance(n, ast.Assign) and any(
+                                    isinstance(t, ast.Name) and t.id == name
+                                    for t in n.targets)))
+
+
+def _factors_of(node):
+    """The factors of a product written a * b * c (its multiplications alone), in order."""
+    found = []
+    while isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+        found.append(node.right)
+        node = node.left
+    return [node, *reversed(found)] if found else []
 
 
 def _is_term(node):
