@@ -21,6 +21,7 @@ from tinyvit.gradcheck.repair import Probe, scope_of, search
 from tinyvit.gradcheck.source import Source
 from tinyvit.gradcheck.trace import trace
 from tinyvit.nn import functional, layers
+from tinyvit.nn.loss import SoftmaxCrossEntropy
 from tinyvit.nn.module import Module
 from tinyvit.nn.functional import softmax_backward
 
@@ -132,6 +133,14 @@ class ProductRuleSwish(Module):
         return dout * x * ds  # d(x s) = s + x s': the first term forgotten
 
 
+class RenormalizingCrossEntropy(SoftmaxCrossEntropy):
+    def backward(self, dout=1.0):
+        log_probs, t = self._take_cache()
+        p = xp.exp(log_probs)
+        p = p / p.sum()  # the whole batch's sum, where each row's is meant
+        return dout * (p - t) / log_probs.shape[0]
+
+
 def scope(function, module, x, before_forward=None, reference=None):
     """The error model's Scope of ``function`` as ``module``'s backward runs it."""
     def forward():
@@ -185,6 +194,16 @@ def test_the_product_rules_forgotten_term_is_found_in_a_layer_without_a_referenc
         "     -> return dout * x * ds + dout * s  # d(x s) = s + x s': the first term forgotten",
         "  the product rule's other term, dout * s, was missing: d(u v) = du v + u dv, and x * "
         "ds is one of its two terms alone"]
+
+
+def test_a_whole_arrays_sum_meant_per_row_gets_its_axis_and_keepdims_in_one_edit():
+    with B.default_dtype("float64"):
+        report = gradient_check(RenormalizingCrossEntropy(), randn(4, 5), xp.arange(4) % 5)
+    fix = changes(report.fix)
+    assert [(c.before, c.after) for c in fix] == [(
+        ["    p = p / p.sum()  # the whole batch's sum, where each row's is meant"],
+        ["    p = p / p.sum(axis=1, keepdims=True)  # the whole batch's sum, where each row's "
+         "is meant"])]
 
 
 def test_a_wrong_backward_is_answered_with_the_fix_on_its_own_line():

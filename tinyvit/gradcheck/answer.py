@@ -259,6 +259,10 @@ def _one_line(statement):
 
 def _reduction_reason(edit):
     what = edit.detail.get("what")
+    if what == "axis" and edit.detail.get("keep"):
+        return (f"a value per row: the reduction over axis {edit.detail['axes']} alone, kept "
+                "as length 1 (keepdims=True) so that it lines up with the rows it is combined "
+                "with, not over the whole array")
     if what == "axis":
         axes = edit.detail["axes"]
         return (f"the sum runs over axis {axes}: every axis along which the forward used the "

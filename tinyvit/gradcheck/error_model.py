@@ -554,6 +554,11 @@ class _Proposer:
             self.add("reduction", slot, located(ast.Call(
                 func=node.func, args=args, keywords=keywords), node), extra=0.5 + extra,
                 what="axis", axes=axes)
+            if current is None and axes is not None and not keepdims:  # the whole array's,
+                keep = ast.keyword(arg="keepdims", value=ast.Constant(value=True))  # per row
+                self.add("reduction", slot, located(ast.Call(
+                    func=node.func, args=args, keywords=[*keywords, keep]), node),
+                    extra=0.5 + extra, what="axis", axes=axes, keep=True)
         if keepdims:
             kept = [k for k in node.keywords if k.arg != "keepdims"]
             self.add("reduction", slot, located(ast.Call(func=node.func, args=node.args,
