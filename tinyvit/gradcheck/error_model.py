@@ -8,7 +8,8 @@ A rule looks at one node of a function's tree and proposes replacements for it:
     name         another name of the same shape in scope: A for Ad, x for xhat, q for k
     transpose    a matmul operand transposed or not, the operands swapped
     axes         the axes of a transpose, or the sizes of a reshape, in another order
-    reduction    sum for mean, another axis, keepdims
+    reduction    sum for mean, another axis, keepdims (both, where a whole array's sum
+                 was meant per row)
     factor       a factor in scope (self.scale, rstd, the batch size, 2) removed or
                  added, a division for a multiplication
     constant     a number's sign, double or half, an integer one more or one less
@@ -20,6 +21,8 @@ A rule looks at one node of a function's tree and proposes replacements for it:
     discarded    a call whose value was thrown away added where the next line needs it
     backward     a layer's backward that is never called, called
     term         a term added from the code around it (or the reference's)
+    product      the product rule's other term: a * x * ds + a * s, s a name ds was
+                 computed from (d(x s) = s + x ds)
     reference    the reference's expression in place of one like it (the workbook's)
     copy         an array of its own where one is changed in place (x = x * m for x *= m)
     guard        a statement that reads an optional parameter (a bias) kept for when it is
