@@ -278,3 +278,41 @@ def test_a_signal_stops_evaluation_at_once():
             os.kill(os.getpid(), signal.SIGTERM)
             raise AssertionError("not stopped")
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # restored on leaving
+
+
+# ---------------------------------------------------------------- a full disk
+
+
+@pytest.mark.parametrize("fails_at, kept, says", [
+    (1, [], "no checkpoint was written yet: free some space and start the run again"),
+    (2, ["best.npz", "last.npz", "metrics.json"], "{out}/last.npz and the other files written "
+     "before are intact: free some space, then continue with --resume {out}"),
+])
+def test_a_full_disk_at_the_first_or_a_later_checkpoint(stripes, tmp_path, capsys, monkeypatch,
+                                                        fails_at, kept, says):
+    """The fails_at-th last.npz meets a full disk (writes patched to raise ENOSPC, so that
+    the test needs no root): one line, exit status 1, the files written before kept whole."""
+    import errno
+
+    import tinyvit.files as files
+
+    out, replace, writes = tmp_path / "run", files.os.replace, []
+
+    def full_disk(source, target):
+        writes.append(Path(target).name)
+        if writes.count("last.npz") == fails_at and Path(target).name == "last.npz":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        replace(source, target)
+
+    monkeypatch.setattr(files.os, "replace", full_disk)
+    capsys.readouterr()
+    assert train_mnist.main(cli(stripes, out, "--epochs", "3")) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"train_mnist.py: error: no space left on the device for "
+                          f"{out / 'last.npz'}: it needs about ")
+    assert err.endswith(says.format(out=out))
+    left = sorted(p.name for p in out.iterdir() if p.suffix != ".png") if out.exists() else []
+    assert left == kept  # a folder the run made and left empty is removed
+    if kept:
+        _, _, meta = load_checkpoint(out / "last.npz")
+        assert (meta["epoch"], meta["step"]) == (1, 0)
