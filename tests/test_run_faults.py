@@ -210,7 +210,7 @@ def test_an_image_size_beyond_the_machines_memory_is_refused_before_anything_is_
     monkeypatch.setattr("tinyvit.train.memory.available_bytes", lambda: 24 * 10 ** 9)
     assert train_mnist.main(cli(stripes, tmp_path / "run", "--image-size", "7000")) == 2
     err = capsys.readouterr().err
-    assert re.fullmatch(r"train_mnist.py: error: a step of this run needs about \d+\.\d GB, "
+    assert re.fullmatch(r"train_mnist.py: error: a step of this run needs about [\d,]+\.\d GB, "
                         r"more than the 24.0 GB this machine has available \(image size 7000, "
                         r"1000001 tokens, batch 32\): lower --image-size or --batch-size\n",
                         err), err

@@ -87,20 +87,8 @@ def fit(config, resume=None, stop_after_steps=None, out_dir=None):
         with stop.interrupting():  # nothing to save yet: a signal stops it at once
             if lock is not None and lock.taken_over:
                 print(lock.taken_over)
-            known = (saved_model_config(meta) if resume is not None
-                     else config.model_config() if config.init is None else None)
-            memory = known and check_memory(known, config)  # before anything is allocated
-            set_backend(config.backend)
-            if processes > 1 and not on_cpu():
-                communicator().use_local_gpu()
-            train_batches, test_batches = _batches(config, processes)
-            if resume is None:
-                model, notes = build_model(config)
-                state = RunState(lr=config.lr, init=notes)
-            else:
-                model, state = ViT(known), RunState.from_meta(meta)
-                _carry_best(resume.parent, out)
-            memory = memory or check_memory(model.config, config)  # with --init: the file's
+            model, state, train_batches, test_batches, memory = _prepare(
+                config, resume and (resume, meta), processes)
         trainer = Trainer(config, model, stop)
         if trainer.primary:
             _print_start(config, trainer, train_batches, state.init, memory)
@@ -114,6 +102,27 @@ def fit(config, resume=None, stop_after_steps=None, out_dir=None):
                          else ""))
         return _train(trainer, train_batches, test_batches, state, out, started,
                       stop_after_steps)
+
+
+def _prepare(config, resumed, processes):
+    """What a run starts from: (model, RunState, training and test batches, the line of
+    its step's memory), the memory checked before anything is allocated. ``resumed``:
+    (the checkpoint's path, its meta), or None for a new run."""
+    known = (saved_model_config(resumed[1]) if resumed
+             else config.model_config() if config.init is None else None)
+    memory = known and check_memory(known, config)
+    set_backend(config.backend)
+    if processes > 1 and not on_cpu():
+        communicator().use_local_gpu()
+    train_batches, test_batches = _batches(config, processes)
+    if resumed:
+        model, state = ViT(known), RunState.from_meta(resumed[1])
+        _carry_best(resumed[0].parent, Path(config.out_dir))
+    else:
+        model, notes = build_model(config)
+        state = RunState(lr=config.lr, init=notes)
+    memory = memory or check_memory(model.config, config)  # with --init: the file's model
+    return model, state, train_batches, test_batches, memory
 
 
 def _train(trainer, train_batches, test_batches, state, out, started, stop_after_steps):
