@@ -236,7 +236,7 @@ def main(argv=None):
         code = 1
     # an error or an interruption of this process alone (a launch error, 2, is every process's):
     # the others may be waiting for it in a collective that would never end
-    if world is not None and code in (1, 130):
+    if world is not None and code not in (0, 2):
         world.abort(code)
     return code
 
