@@ -337,7 +337,9 @@ REASONS = {
     "constant": lambda edit: f"{edit.detail['now']} where it says {edit.detail['was']}",
     "index": lambda edit: {
         "axis": "a length-1 axis added, so that the value spreads along it as the forward's did",
-        "axis removed": "no length-1 axis here: the value already has the shape it meets"}.get(
+        "axis removed": "no length-1 axis here: the value already has the shape it meets",
+        "shape": f"the length of axis {edit.detail.get('now')}, not of axis "
+                 f"{edit.detail.get('was')}"}.get(
         edit.detail.get("what"), "the entries the forward read"),
     "swap": _swap_reason,
     "order": _order_reason,

@@ -640,10 +640,12 @@ class _Proposer:
         index = node.slice
         elts = index.elts if isinstance(index, ast.Tuple) else [index]
         field = (index, "elts") if isinstance(index, ast.Tuple) else (node, "slice")
+        shape = isinstance(node.value, ast.Attribute) and node.value.attr == "shape"
         for i, item in enumerate(elts):
             slot = (field[0], field[1], i if isinstance(index, ast.Tuple) else None)
             for new in _index_variants(item):
-                self.add("index", slot, located(new, item))
+                self.add("index", slot, located(new, item), **(dict(
+                    what="shape", was=ast.unparse(item), now=ast.unparse(new)) if shape else {}))
 
     def _constants(self, node, slot, number):
         parent = slot[0]
