@@ -21,9 +21,9 @@ from tinyvit.gradcheck.repair import Probe, scope_of, search
 from tinyvit.gradcheck.source import Source
 from tinyvit.gradcheck.trace import trace
 from tinyvit.nn import functional, layers
+from tinyvit.nn.functional import softmax_backward
 from tinyvit.nn.loss import SoftmaxCrossEntropy
 from tinyvit.nn.module import Module
-from tinyvit.nn.functional import softmax_backward
 
 xp = B.xp
 HERE = Path(__file__).name

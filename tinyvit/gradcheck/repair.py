@@ -174,16 +174,16 @@ class Search:
     sources: list  # the functions it edited
 
 
-def search(probe, expected, tol, budget=BUDGET, own_only=False, reference=None, verify=None):
+def search(probe, expected, tol, budget=None, own_only=False, reference=None, verify=None):
     """Search edits of the code ``probe``'s backward runs for one that makes its gradients
     match ``expected`` (each within ``tol``) and accumulate. ``own_only``: edit the code
     outside tinyvit alone (the workbook's: the library's is right). ``reference``: the tree
     of a right version of the code (the workbook's: the library's), whose expressions the
     error model may put in, and whose statements are likely right where the code writes
     them the same way. ``verify()``: a further check a fix must pass (the workbook's other
-    cases). Returns a ``Search``."""
+    cases). ``budget``: seconds, ``BUDGET`` by default. Returns a ``Search``."""
     started = time.perf_counter()
-    deadline = started + budget
+    deadline = started + (BUDGET if budget is None else budget)
     if is_array(probe.dout):
         expected = {**expected, UPSTREAM: probe.dout}
     if probe.output_values is not None:
