@@ -19,6 +19,7 @@ import hashlib
 import importlib.util
 import os
 import struct
+import time
 from pathlib import Path
 
 import numpy as np
@@ -143,3 +144,16 @@ def tiny_config(data_dir, out_dir, **changes):
         "epochs": 2, "batch_size": 32, "eval_batch_size": 50, "log_every": 3, "lr": 1e-2,
         "warmup_epochs": 0.5, "max_shift": 0, **changes,
     })
+
+
+def gone(pid, group=False, within=30.0):
+    """True once no process ``pid`` (or none of process group ``pid``) runs, waiting
+    up to ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            (os.killpg if group else os.kill)(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    return False

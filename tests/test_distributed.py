@@ -14,14 +14,13 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import train_mnist
-from conftest import REAL_DATA, randn
+from conftest import REAL_DATA, gone, randn
 from tinyvit.backend import cupy_available, default_dtype, using_backend
 from tinyvit.nn.conv import BatchNorm2d, SyncBatchNorm2d
 from tinyvit.train import TrainConfig
@@ -340,19 +339,6 @@ def pids(process, count):
         assert line, "the run ended before its processes started"
         text += line
     return {int(rank): int(pid) for rank, pid in found.items()}
-
-
-def gone(pid, group=False, within=30.0):
-    """True once no process ``pid`` (or none of process group ``pid``) runs, waiting
-    up to ``within`` seconds."""
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        try:
-            (os.killpg if group else os.kill)(pid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.1)
-    return False
 
 
 @mpi

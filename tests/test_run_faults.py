@@ -14,7 +14,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import tracemalloc
 from pathlib import Path
 
@@ -22,6 +21,7 @@ import numpy as np
 import pytest
 
 import train_mnist
+from conftest import gone
 from tinyvit.backend import default_dtype
 from tinyvit.models import ViT, ViTConfig
 from tinyvit.train import TrainConfig, fit
@@ -55,18 +55,6 @@ def wait_for(process, text):
         assert line, f"the run ended before printing {text!r}:\n{seen}{process.stderr.read()}"
         seen += line
     return seen + line
-
-
-def no_process_left(group, within=10.0):
-    """True once no process of the group runs, waiting up to ``within`` seconds."""
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(group, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.1)
-    return False
 
 
 # ---------------------------------------------------------------- one run per folder
@@ -106,7 +94,7 @@ def test_two_runs_into_one_folder_the_second_stops_and_sigterm_saves_the_first(s
                      rf"\(epoch \d+, step \d+\); resume with --resume {re.escape(str(out))}\n",
                      stdout), stdout
     assert "Traceback" not in stderr
-    assert no_process_left(first.pid)
+    assert gone(first.pid, group=True, within=10.0)
     assert sorted(p.name for p in out.iterdir()) == ["best.npz", "curves.png", "last.npz",
                                                      "metrics.json"]
     _, _, meta = load_checkpoint(out / "last.npz")
@@ -124,7 +112,7 @@ def test_sigterm_saves_last_npz_and_workers_end_quietly(stripes, tmp_path, worke
     assert process.returncode == 128 + signal.SIGTERM, stderr
     assert f"saved {out / 'last.npz'}" in stdout
     assert "Traceback" not in stderr and "Error" not in stderr, stderr
-    assert no_process_left(process.pid)  # the workers too
+    assert gone(process.pid, group=True, within=10.0)  # the workers too
     _, _, meta = load_checkpoint(out / "last.npz")  # whole
     assert meta["epoch"] >= 1
 

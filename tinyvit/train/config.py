@@ -8,7 +8,7 @@ from ..models import preset_config
 
 
 class RunRefused(ValueError):
-    """A run that cannot train as configured, on this data or this machine (no full
+    """A run that cannot train as configured, on its data or the machine it runs on (no full
     batch, more processes than images in a batch, more memory than there is); the
     message says what to change."""
 

@@ -58,7 +58,7 @@ def parameter_count(model):
 
 
 def available_bytes():
-    """The memory this machine can give a new process: MemAvailable on Linux, else
+    """The memory the machine can give a new process: MemAvailable on Linux, else
     the physical memory, else None."""
     try:
         with open("/proc/meminfo") as f:
