@@ -82,11 +82,16 @@ ALIAS = 0.5  # taken off the cost of an edit of a statement that only names anot
 
 
 
-def edits(source, scope):
-    """Every single edit the error model proposes for ``source``'s tree, each once (two
-    rules that write the same statement give one edit)."""
-    found, holders = [], {}
+def edits(source, scope, lines=None, holders=None):
+    """Every single edit the error model proposes for ``source``'s tree, or for its
+    statements that start at ``lines`` alone, each once (two rules that write the same
+    statement give one edit). ``holders``: where the slots of its lists of statements are
+    kept, shared by the calls that propose one function's edits in parts (so that two edits
+    of one list, proposed by two calls, know they clash)."""
+    found, holders = [], {} if holders is None else holders
     for statement, body, index in statements(source.tree.body):
+        if lines is not None and statement.lineno not in lines:
+            continue
         propose = _Proposer(source, scope, statement, found, holders)
         propose.whole(body, index)
         for node, slot in expressions(statement):

@@ -33,7 +33,7 @@ import numpy as np  # its floating-point warnings, silenced for candidates (CuPy
 
 from ..backend import is_array, xp
 from ..nn.module import Module, Parameter
-from .edits import Scope, takes_cache, term_nodes
+from .edits import Scope, statements, takes_cache, term_nodes
 from .error_model import edits, factors_in
 from .source import NotEditable, Source
 from .trace import called, in_tinyvit, trace
@@ -120,17 +120,26 @@ class Probe:
 
     def accumulates(self, once):
         """Whether a second backward, without zero_grad, doubles every parameter's gradient."""
+        return not self.not_doubled(once)
+
+    def not_doubled(self, once):
+        """The parameters whose gradient a second backward, without zero_grad, does not
+        double (``once``: the gradients of the first)."""
         self.restore()
         self.module.backward(self.dout.copy() if is_array(self.dout) else self.dout)
+        found = []
         for p in self.module.parameters():
             first = once[self.names[id(p)]]
             if float(xp.abs(p.grad - 2 * first).max()) > 1e-12 * float(xp.abs(first).max()):
-                return False
-        return True
+                found.append(self.names[id(p)])
+        return found
 
     def pending(self):
         """The layers whose forward left a cache that the backward never took."""
         return [m for m in self.layers if m.cache is not None]
+
+
+FAILS = Outcome({}, math.inf, doubled=False)  # a gradient missing, of another shape, ...
 
 
 def measure(grads, expected):
@@ -191,23 +200,21 @@ def search(probe, expected, tol, budget=None, own_only=False, reference=None, ve
     probe.start()
     grads, recorded = trace(probe.backward, own_only)
     baseline = None if isinstance(grads, Exception) else measure(grads, expected)
-    if baseline is not None and baseline.passes(tol) and probe.accumulates(grads):
+    not_doubled = [] if baseline is None else probe.not_doubled(grads)
+    if baseline is not None and baseline.passes(tol) and not not_doubled:
         return Search(None, 0, time.perf_counter() - started, recorded, [])  # nothing wrong
     pending = {id(m) for m in probe.pending()}
     sources = [s for s in recorded.sources if s.code not in probe.forward_codes]
     if own_only:
         sources = [s for s in sources if not in_tinyvit(s.path)]
-    rank = _ranks(recorded, probe, baseline, tol)
-    singles = []
-    for source in sources:
-        scope = scope_of(recorded, source, pending, reference)
-        singles += edits(source, scope)
-    ran = recorded.first_run()  # at equal cost, the line that ran first first
-    singles.sort(key=lambda e: (rank(e), e.cost, ran.get((e.source.code, e.line), math.inf)))
+    ranking = _Ranking(recorded, probe, grads, expected, not_doubled, tol)
+    singles = []  # the edits tried, in order
+    proposed = _in_order(sources, lambda s: scope_of(recorded, s, pending, reference),
+                         ranking, recorded.first_run(), singles)
     tried = 0
     promising = []
     runner = _Runner(probe, expected, tol, verify)
-    for edit in singles:
+    for edit in proposed:
         if time.perf_counter() > deadline:
             break
         tried += 1
@@ -220,7 +227,9 @@ def search(probe, expected, tol, budget=None, own_only=False, reference=None, ve
         if baseline is None or outcome.distance < baseline.distance - CLOSER:
             promising.append((outcome.distance, edit))  # closer, or runs where it raised
     promising = [e for _, e in sorted(promising, key=lambda item: (item[0], item[1].cost))]
-    for first, second in _pairs(promising[:MOST_PROMISING], singles):
+    time_left = time.perf_counter() < deadline  # and so every single edit was tried
+    pairs = _pairs(promising[:MOST_PROMISING], singles) if time_left else []
+    for first, second in pairs:
         if time.perf_counter() > deadline:
             break
         tried += 1
@@ -229,6 +238,27 @@ def search(probe, expected, tol, budget=None, own_only=False, reference=None, ve
             return Search(Fix([first, second], tried, time.perf_counter() - started), tried,
                           time.perf_counter() - started, recorded, sources)
     return Search(None, tried, time.perf_counter() - started, recorded, sources)
+
+
+def _in_order(sources, scope, ranking, ran, given):
+    """The single edits of ``sources`` in the order they are tried, each also added to
+    ``given``: by rank, then cost, then the line that ran first. The edits of a rank are
+    proposed when it comes up, for the statements of that rank alone: a search that ends
+    within the likeliest ranks never proposes the edits of a whole model's other lines,
+    which outnumber those of the layer at fault many times."""
+    scopes, holders = {}, {}
+    for rank in range(RANKS):
+        group = []
+        for source in sources:
+            lines = ranking.lines(source, rank)
+            if lines:
+                if id(source) not in scopes:
+                    scopes[id(source)], holders[id(source)] = scope(source), {}
+                group += edits(source, scopes[id(source)], lines, holders[id(source)])
+        group.sort(key=lambda e: (e.cost, ran.get((e.source.code, e.line), math.inf)))
+        for edit in group:
+            given.append(edit)
+            yield edit
 
 
 def _pairs(promising, singles):
@@ -438,30 +468,55 @@ def _class_trees(selves):
     return trees
 
 
-def _ranks(recorded, probe, baseline, tol):
-    """edit -> its rank in the search: the user's own code before tinyvit's, then the lines
+RANKS = 4  # the user's code at a suspect line, elsewhere; tinyvit's at one, elsewhere
+
+
+class _Ranking:
+    """An edit's rank in the search: the user's own code before tinyvit's, then the lines
     that ran between the last layer whose gradients are right and the first whose gradients
     are wrong (a backward runs from the output down: the mistake is in what ran just before
     the first wrong gradient), then the rest."""
-    suspects = _suspects(recorded, probe, baseline, tol)
-    return lambda edit: ((1 if in_tinyvit(edit.source.path) else 0) * 2
-                         + (0 if (edit.source.code, edit.line) in suspects else 1))
+
+    def __init__(self, recorded, probe, grads, expected, not_doubled, tol):
+        self.suspects = _suspects(recorded, probe, grads, expected, not_doubled, tol)
+
+    def lines(self, source, rank):
+        """The lines of ``source``'s statements whose edits have ``rank``."""
+        if rank // 2 != in_tinyvit(source.path):
+            return set()
+        every = {statement.lineno for statement, _, _ in statements(source.tree.body)}
+        suspect = {line for code, line in self.suspects if code == source.code}
+        return every & suspect if rank % 2 == 0 else every - suspect
 
 
-def _suspects(recorded, probe, baseline, tol):
+def _suspects(recorded, probe, grads, expected, not_doubled, tol):
     """{(code, line)} that ran in the window before the first wrong gradient (every line
-    that ran, where the gradients say nothing narrower)."""
+    that ran, where the gradients say nothing narrower); where the backward raised, the
+    line that raised and the lines that called it; where every value is right, the window
+    before the first gradient that a second backward does not double (``not_doubled``,
+    names). A layer that holds others (a ViT, its patch embedding) may set its own
+    gradients before its inner layers run: its end does not open the window, and where its
+    own gradients are the first wrong, the lines of its own methods are suspect too."""
     everything = recorded.ran_between(0, math.inf)
-    if baseline is None:
-        return everything
-    wrong = {name for name, e in baseline.errors.items() if e > tol}
-    start, end = 0, math.inf
-    for layer, _, finished in recorded.backward_calls():
+    if isinstance(grads, Exception):
+        raised = max((began for began, *_ in recorded.lines), default=0)
+        return recorded.ran_between(raised, math.inf) or everything
+    wrong = {name for name, want in expected.items()
+             if not (measure({name: grads.get(name)}, {name: want}) or FAILS).passes(tol)}
+    wrong = wrong or set(not_doubled)  # every value right: those a second backward misses
+    spans = [(began, finished) for _, began, finished in recorded.layers]
+    start, end, holder = 0, math.inf, None
+    for layer, began, finished in recorded.backward_calls():
         own = [probe.names[id(p)] for p in vars(layer).values() if id(p) in probe.names]
         if not own:
             continue
+        outer = any(began < b and e < finished for b, e in spans)
         if any(name in wrong for name in own):
-            end = finished
+            end, holder = finished, (layer, began) if outer else None
             break
-        start = finished
-    return recorded.ran_between(start, end) or everything
+        if not outer:
+            start = finished
+    found = recorded.ran_between(start, end)
+    if holder is not None:
+        found |= recorded.ran_by(*holder, end)
+    return found or everything

@@ -7,6 +7,7 @@ just before the first gradient that came out wrong.
 """
 
 import dataclasses
+import functools
 import sys
 import sysconfig
 from pathlib import Path
@@ -24,6 +25,7 @@ LIBRARIES = {Path(p).resolve() for key in ("stdlib", "platstdlib", "purelib", "p
              if (p := sysconfig.get_paths().get(key))}
 
 
+@functools.lru_cache(maxsize=None)
 def in_tinyvit(filename):
     return Path(filename).resolve().is_relative_to(PACKAGE)
 
@@ -123,6 +125,14 @@ class Trace:
         two events (a line that calls a layer runs while the layer does)."""
         return {(code, line) for began, ended, code, line in self.lines
                 if began < end and ended > start}
+
+
+    def ran_by(self, layer, start, end):
+        """{(code, line)}: the lines of ``layer``'s own methods that ran between two events
+        (those of the layers it holds left out)."""
+        codes = {call.code for call in self.calls if call.module is layer}
+        return {(code, line) for began, _, code, line in self.lines
+                if code in codes and start <= began <= end}
 
 
 def trace(run, own_only=False):
