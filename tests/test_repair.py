@@ -251,6 +251,64 @@ def test_a_mistake_one_level_down_is_fixed_where_it_is():
     assert str(change.path).endswith("tinyvit/nn/functional.py")
 
 
+# A whole ViT's backward runs many functions; the search proposes edits of the lines that ran
+# just before the first wrong gradient first, and of the rest only when those are spent.
+WHOLE_MODEL_MISTAKES = [
+    # every value right, the position embedding's gradient not doubled by a second backward
+    ("    self.pos_embed.grad += dx.sum(axis=0, keepdims=True)",
+     "    self.pos_embed.grad = dx.sum(axis=0, keepdims=True)"),
+    # every parameter right, the input's gradient negated after the last layer ran
+    ("    return self.patch_embed.backward(dx[:, 1:])  # (B, C, H, W)",
+     "    return -self.patch_embed.backward(dx[:, 1:])  # (B, C, H, W)"),
+]
+
+
+@pytest.mark.parametrize("before, after", WHOLE_MODEL_MISTAKES)
+def test_a_whole_models_mistake_is_searched_where_the_gradients_point(monkeypatch, before,
+                                                                       after):
+    from tinyvit.gradcheck import repair
+    from tinyvit.gradcheck.cases import TINY_VIT
+    from tinyvit.models import ViT
+    mutants = load_script(Path(__file__).resolve().parents[1] / "benchmarks" / "mutants.py")
+    proposed = set()
+    monkeypatch.setattr(repair, "edits", lambda source, *rest: proposed.add(source.name)
+                        or edits(source, *rest))
+    line = line_of(ViT.backward, before.strip())
+    with B.default_dtype("float64"), mutants.planted(ViT.backward, [(line, [before], [after])]):
+        report = gradient_check(jitter(ViT(**TINY_VIT)), randn(2, 2, 8, 8))
+    change, = changes(report.fix)
+    assert (change.function, change.line, change.after) == ("ViT.backward", line, [before])
+    assert proposed == {"ViT.backward", "PatchEmbed.backward", "Patchify.backward"}
+
+
+def test_a_backward_that_raises_is_searched_at_the_line_that_raised_and_its_callers_first(
+        monkeypatch):
+    from tinyvit.gradcheck import repair
+    from tinyvit.gradcheck.cases import TINY_VIT
+    from tinyvit.models import ViT
+    mutants = load_script(Path(__file__).resolve().parents[1] / "benchmarks" / "mutants.py")
+    before, after = "        dx = block.backward(dx)", "        dx = block.backward(dx[:, 1:])"
+    line = line_of(ViT.backward, before.strip())
+    with B.default_dtype("float64"):
+        vit, x, dout = jitter(ViT(**TINY_VIT)), randn(2, 2, 8, 8), randn(2, 3, seed=2)
+        vit.forward(x)
+        expected = {"input": vit.backward(dout)}
+        expected.update((name, p.grad.copy()) for name, p in vit.named_parameters())
+        proposed = set()
+        monkeypatch.setattr(repair, "edits", lambda source, *rest: proposed.add(source.name)
+                            or edits(source, *rest))
+        with mutants.planted(ViT.backward, [(line, [before], [after])]):
+            vit.forward(x)
+            with pytest.raises(ValueError, match="matmul"):
+                vit.backward(dout)
+            found = search(Probe(vit, lambda: vit.forward(x), dout), expected, 1e-8)
+    change, = changes(found.fix)
+    assert (change.function, change.line) == ("ViT.backward", line)
+    # the functions on the stack when it raised, from the ViT down to the matmul
+    assert proposed == {"ViT.backward", "ClassAttentionBlock.backward", "Residual.backward",
+                        "Sequential.backward", "Linear.backward"}
+
+
 def test_the_search_keeps_to_its_time_and_then_measures():
     with B.default_dtype("float64"):
         started = time.perf_counter()
