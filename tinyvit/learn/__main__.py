@@ -16,9 +16,11 @@ from pathlib import Path
 
 from .checking import MARKER, ExerciseFailed, Progress, load_exercise
 from .exercises import EXERCISES, TRAINING, by_number, derivation
-from .workbook import TRAINING_FILE, solution, start
+from .hints import HINTS, LEVELS
+from .solution import solution
+from .workbook import TRAINING_FILE, start
 
-HINTS = ".learn-hints.json"  # the hint levels shown so far, per exercise
+SHOWN = ".learn-hints.json"  # the hint levels shown so far, per exercise
 RAN = ("pass", "fail")  # an attempt that ran: the blank was written
 
 
@@ -100,18 +102,24 @@ def check(folder, number):
 
 
 def hint(folder, number):
-    """The next level of hints: the shapes, then the chain rule's sums written out, then
-    the section of docs/backprop.md; each call shows one more."""
+    """The next level of hints (``hints.py``): the shapes and the cache, then the chain
+    rule with one term left out, then the formula; each call shows one more, and after
+    the last says that there are no more."""
     ex = _exercise(number)
-    levels = (f"the shapes: {ex.hints[0]}", f"the chain rule: {ex.hints[1]}",
-              f"the derivation: {derivation(ex.section)}")
-    path = folder / HINTS
+    path = folder / SHOWN
     shown = json.loads(path.read_text()) if path.is_file() else {}
-    level = min(shown.get(str(number), 0) + 1, len(levels))
+    level = shown.get(str(number), 0) + 1
+    if level > len(LEVELS):
+        print(f"no more hints for exercise {number} ({ex.title}): python -m tinyvit.learn "
+              f"solution {number} shows tinyvit's code")
+        return 0
     shown[str(number)] = level
     path.write_text(json.dumps(shown, indent=1, sort_keys=True))
     for i in range(level):
-        print(f"hint {i + 1} of {len(levels)} for exercise {number} ({ex.title}): {levels[i]}")
+        print(f"hint {i + 1} of {len(LEVELS)} for exercise {number} ({ex.title}), "
+              f"{LEVELS[i]}: {HINTS[ex.name][i]}")
+    if level == len(LEVELS):
+        print(f"The derivation: {derivation(ex.section)}")
     return 0
 
 

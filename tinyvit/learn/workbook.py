@@ -2,7 +2,7 @@
 with its backward blank between two markers, the forward it differentiates quoted
 from the library, and a test that checks it; a README, a pytest.ini and the
 workbook's settings. The blanks' solutions are the library's own code, read from it
-when asked for (``solution``), so they cannot go stale."""
+when asked for (``solution.py``), so they cannot go stale."""
 
 import ast
 import inspect
@@ -146,7 +146,7 @@ def _how(ex):
             f"own. The derivation: {derivation(ex.section)}.")
 
 
-def solution(ex):
+def reference_source(ex):
     """The library's own code for an exercise: its method's or function's source."""
     target = getattr(ex.reference, ex.method) if ex.method else ex.reference
     return textwrap.dedent(inspect.getsource(target))
@@ -155,7 +155,7 @@ def solution(ex):
 def fill(text, ex):
     """``text`` (an exercise's file) with its blank filled by the library's own code,
     as a learner who got it right would have it (the names it uses imported)."""
-    body = textwrap.dedent("\n".join(_body(solution(ex))))
+    body = textwrap.dedent("\n".join(_body(reference_source(ex))))
     begin, end = BEGIN.format(what=_what(ex)), END.format(what=_what(ex))
     head, rest = text.split(begin)
     _, tail = rest.split(end)
