@@ -10,17 +10,16 @@ DIR defaults to the folder you are in.
 """
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 from .checking import MARKER, ExerciseFailed, Progress, load_exercise
-from .exercises import EXERCISES, TRAINING, by_number, derivation
-from .hints import HINTS, LEVELS
+from .exercises import EXERCISES, TRAINING, by_number
+from .hints import next_hint
+from .notebook import write_notebooks
 from .solution import solution
 from .workbook import TRAINING_FILE, start
 
-SHOWN = ".learn-hints.json"  # the hint levels shown so far, per exercise
 RAN = ("pass", "fail")  # an attempt that ran: the blank was written
 
 
@@ -48,8 +47,10 @@ def main(argv=None):
     try:
         if args.command == "start":
             start(folder, args.data_dir)
-            print(f"wrote a workbook of {len(EXERCISES) + 1} exercises into {folder}: "
-                  f"cd {folder} && python -m pytest -x, then open {EXERCISES[0].filename}")
+            write_notebooks(folder)
+            print(f"wrote a workbook of {len(EXERCISES) + 1} exercises into {folder}, each a "
+                  f".py file and a notebook: cd {folder} && python -m pytest -x, then open "
+                  f"{EXERCISES[0].filename}; or jupyter lab {EXERCISES[0].notebook}")
             return 0
         _require_workbook(folder)
         return COMMANDS[args.command](folder, getattr(args, "number", None))
@@ -102,24 +103,7 @@ def check(folder, number):
 
 
 def hint(folder, number):
-    """The next level of hints (``hints.py``): the shapes and the cache, then the chain
-    rule with one term left out, then the formula; each call shows one more, and after
-    the last says that there are no more."""
-    ex = _exercise(number)
-    path = folder / SHOWN
-    shown = json.loads(path.read_text()) if path.is_file() else {}
-    level = shown.get(str(number), 0) + 1
-    if level > len(LEVELS):
-        print(f"no more hints for exercise {number} ({ex.title}): python -m tinyvit.learn "
-              f"solution {number} shows tinyvit's code")
-        return 0
-    shown[str(number)] = level
-    path.write_text(json.dumps(shown, indent=1, sort_keys=True))
-    for i in range(level):
-        print(f"hint {i + 1} of {len(LEVELS)} for exercise {number} ({ex.title}), "
-              f"{LEVELS[i]}: {HINTS[ex.name][i]}")
-    if level == len(LEVELS):
-        print(f"The derivation: {derivation(ex.section)}")
+    print(next_hint(folder, _exercise(number)))
     return 0
 
 

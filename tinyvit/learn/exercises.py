@@ -21,15 +21,37 @@ from . import harness
 from .steps import LayerNormSteps, softmax_jacobian_backward
 
 TRACKS = {"vit": "the Vision Transformer", "stem": "the hybrid's convolutional stem"}
-BACKPROP = Path(__file__).resolve().parents[2] / "docs" / "backprop.md"  # in a checkout
+# the derivations: the page in a checkout of tinyvit, else the package's copy of it (package
+# data, built from the same file: tinyvit/learn/backprop.md links to docs/backprop.md)
+CHECKOUT = Path(__file__).resolve().parents[2] / "docs" / "backprop.md"
+BACKPROP = CHECKOUT if CHECKOUT.is_file() else Path(__file__).with_name("backprop.md")
 
 
 def derivation(section):
-    """Where ``section`` of docs/backprop.md is: the page in this checkout of tinyvit, by
-    its path, or the page in tinyvit's repository where tinyvit came without it."""
+    """Where ``section`` of docs/backprop.md is: the page in this checkout of tinyvit (or
+    in the installed package), by its path, or the page in tinyvit's repository where
+    tinyvit came without it."""
     if BACKPROP.is_file():
         return f"{BACKPROP}#{anchor(section)}"
     return f"docs/backprop.md#{anchor(section)} in tinyvit's repository"
+
+
+def derivation_text(section):
+    """The Markdown of ``section`` of docs/backprop.md, its heading first, up to the next
+    heading of its level or above: read when a notebook is written, so the two agree."""
+    if not BACKPROP.is_file():
+        raise FileNotFoundError(f"the derivations ({BACKPROP}) are missing from this "
+                                "install of tinyvit: reinstall it (pip install tinyvit), or "
+                                "install it from a checkout (pip install -e .)")
+    lines = BACKPROP.read_text(encoding="utf-8").splitlines()
+    starts = [i for i, line in enumerate(lines)
+              if line.startswith("#") and line.lstrip("#").strip() == section]
+    if not starts:
+        raise LookupError(f"{BACKPROP} has no section {section!r}")
+    level = len(lines[starts[0]]) - len(lines[starts[0]].lstrip("#"))
+    end = next((i for i in range(starts[0] + 1, len(lines)) if lines[i].startswith("#")
+                and len(lines[i]) - len(lines[i].lstrip("#")) <= level), len(lines))
+    return "\n".join(lines[starts[0]:end]).strip() + "\n"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +73,10 @@ class Exercise:
     @property
     def filename(self):
         return f"ex{self.number:02d}_{self.name}.py"
+
+    @property
+    def notebook(self):
+        return f"ex{self.number:02d}_{self.name}.ipynb"
 
     @property
     def is_function(self):

@@ -9,6 +9,11 @@ After the third, ``python -m tinyvit.learn solution N`` shows tinyvit's own code
 did not, and level 2 to leaving its term out.
 """
 
+import json
+
+from .exercises import derivation
+
+SHOWN = ".learn-hints.json"  # in the workbook: the hint levels shown so far, per exercise
 HOLE = "[?]"  # the term of the chain rule that level 2 leaves for the learner
 LEVELS = ("the shapes", "the chain rule", "the formula")
 
@@ -220,3 +225,21 @@ HINTS = {
         "self.stride), self.padding)",
     ),
 }
+
+
+def next_hint(folder, ex):
+    """The hints of exercise ``ex`` up to the next level, one line each, that level
+    recorded in ``folder``; after the last, that there are no more."""
+    path = folder / SHOWN
+    shown = json.loads(path.read_text()) if path.is_file() else {}
+    level = shown.get(str(ex.number), 0) + 1
+    if level > len(LEVELS):
+        return (f"no more hints for exercise {ex.number} ({ex.title}): python -m tinyvit.learn "
+                f"solution {ex.number} shows tinyvit's code")
+    shown[str(ex.number)] = level
+    path.write_text(json.dumps(shown, indent=1, sort_keys=True))
+    lines = [f"hint {i + 1} of {len(LEVELS)} for exercise {ex.number} ({ex.title}), "
+             f"{LEVELS[i]}: {HINTS[ex.name][i]}" for i in range(level)]
+    if level == len(LEVELS):
+        lines.append(f"The derivation: {derivation(ex.section)}")
+    return "\n".join(lines)

@@ -77,8 +77,9 @@ def _imports(ex):
     return "".join(f"from {m} import {', '.join(sorted(names))}\n" for m, names in modules.items())
 
 
-def render(ex):
-    """The file of an exercise, its blank empty."""
+def answer(ex):
+    """The code the learner writes in: the class (or function) with its backward blank
+    between the markers; the same in the exercise's file and in its notebook."""
     what = _what(ex)
     body = _wrap(ex.task, 86, "# ")
     blank = (f"{BEGIN.format(what=what)}\n"
@@ -87,14 +88,26 @@ def render(ex):
              f"{END.format(what=what)}")
     code = textwrap.indent(f"{body}\n{blank}", "    ")
     if ex.method:
-        code = f"class {ex.yours}({ex.reference.__name__}):\n    {_signature(ex)}\n" \
+        return f"class {ex.yours}({ex.reference.__name__}):\n    {_signature(ex)}\n" \
                + textwrap.indent(code, "    ")
-        reference = f"from {ex.reference.__module__} import {ex.reference.__name__}\n"
-    else:
-        code = f"{_signature(ex)}\n{code}"
-        reference = ""
+    return f"{_signature(ex)}\n{code}"
+
+
+def imports(ex):
+    """The imports the learner's code needs: the library's layer, and the names it uses."""
+    reference = f"from {ex.reference.__module__} import {ex.reference.__name__}\n" \
+        if ex.method else ""
+    return reference + _imports(ex)
+
+
+def heading(ex):
+    return f"Exercise {ex.number} of {TOTAL}: {ex.title} ({TRACKS[ex.track]})"
+
+
+def render(ex):
+    """The file of an exercise, its blank empty."""
     forward = getattr(ex.forward, "__qualname__", "")
-    return f'''"""Exercise {ex.number} of {TOTAL}: {ex.title} ({TRACKS[ex.track]}).
+    return f'''"""{heading(ex)}.
 
 {_wrap(ex.intro, 88)}
 
@@ -102,14 +115,14 @@ def render(ex):
 """
 
 from tinyvit.learn import check
-{reference}{_imports(ex)}
+{imports(ex)}
 # The forward you differentiate, as tinyvit computes it:
 # {ex.forward.__module__}.{forward}
 #
 {_quoted(ex.forward)}
 
 
-{code}
+{answer(ex)}
 
 
 def test_{ex.name}():

@@ -10,9 +10,11 @@ what was drawn."""
 import math
 
 import numpy as np
+from PIL import ImageDraw
 
 from .canvas import (
     GAP,
+    INK,
     LABEL,
     MAX_LABEL_W,
     ROOM,
@@ -36,7 +38,7 @@ from .canvas import (
 
 
 def heatmap(matrix, path, title=None, xlabel=None, ylabel=None, xticklabels=None,
-            yticklabels=None, annotate=True, cmap="viridis", vmin=None, vmax=None):
+            yticklabels=None, annotate=True, cmap="viridis", vmin=None, vmax=None, marks=()):
     """Draw a matrix as coloured cells, row 0 on top, with a colour bar, and save it as a PNG.
 
     Args:
@@ -50,6 +52,7 @@ def heatmap(matrix, path, title=None, xlabel=None, ylabel=None, xticklabels=None
             whole, else 2 decimals), dark or white for contrast, when a legible
             font fits the cells.
         cmap, vmin, vmax: as in ``colormap``.
+        marks: (row, column) of cells to outline (the worst entries of a difference).
     Returns:
         the path written.
     """
@@ -64,6 +67,10 @@ def heatmap(matrix, path, title=None, xlabel=None, ylabel=None, xticklabels=None
     img.paste(_upscale(rgb, cell), (ROOM, ROOM))
     if annotate:
         _annotate(img, m, rgb, cell)
+    draw = ImageDraw.Draw(img)
+    for i, j in marks:
+        x, y = ROOM + j * cell, ROOM + i * cell
+        draw.rectangle((x, y, x + cell - 1, y + cell - 1), outline=INK, width=max(2, cell // 16))
     _draw_matrix_labels(img, cell, (rows, cols), xticklabels, yticklabels, xlabel, ylabel)
     _colorbar(img, ROOM + cols * cell + 3 * GAP, ROOM, rows * cell, vmin, vmax, cmap)
     return _save(_titled(_trim(img), title), path)

@@ -1,0 +1,88 @@
+"""What a workbook's notebook calls from its cells. Jupyter runs a notebook in its own
+folder, the workbook, so progress, hints and pictures go where the ``.py`` files' go.
+
+    check(MyLinear)     the staged check; a failure is printed (the same paragraph as in
+                        pytest) with the picture of your gradient minus the right one
+    compare(MyLinear)   your gradients against the library's on the first case, a table
+    hint(1)             the next hint
+    where(1)            the ViT's block diagram with the exercise's layer highlighted
+    train()             the training exercise, with its loss curves and gradient norms
+"""
+
+from pathlib import Path
+
+from PIL import Image
+
+from ..backend import default_dtype, to_host, using_backend
+from . import checking, pictures
+from .exercises import by_number
+from .hints import next_hint
+from .training import check_training
+
+
+def check(yours, exercise=None):
+    """``tinyvit.learn.check``, its failure printed and its picture shown."""
+    try:
+        checking.check(yours, exercise)
+    except checking.ExerciseFailed as failure:
+        print(failure)
+        if getattr(failure, "picture", None) is not None:
+            _show(Image.open(failure.picture))
+
+
+def compare(yours, exercise=None):
+    """Your gradients against the library's on the exercise's first case in float64, a
+    row each: exact, close, largest difference, shape (backprop ninja's cmp)."""
+    ex = checking._exercise(yours, exercise)
+    with using_backend("numpy"), default_dtype("float64"):
+        want = _gradients(ex.cases[0], ex.reference)
+        try:
+            got = _gradients(ex.cases[0], yours)
+        except Exception as error:
+            print(checking._raised(error))
+            return
+    width = max(len(name) for name in want)
+    for name, value in want.items():
+        mine = got.get(name)
+        if getattr(mine, "shape", None) != value.shape:
+            print(f"{name:<{width}} yours has shape {getattr(mine, 'shape', None)}, the "
+                  f"library's {value.shape}")
+        else:
+            print(checking._cmp(name, to_host(mine), to_host(value), width)[0])
+
+
+def _gradients(case, make):
+    module, inputs, before_forward = case(make)
+    dout = checking._upstream(module, inputs, before_forward)
+    return checking._plain_backward(module, inputs, before_forward, dout)
+
+
+def hint(number):
+    print(next_hint(Path.cwd(), by_number(number)))
+
+
+def where(number):
+    """The block diagram of exercise ``number``'s layer (a PIL image: Jupyter shows it)."""
+    return pictures.where(by_number(number))
+
+
+def train():
+    """The training exercise in the workbook the notebook runs in, its picture shown."""
+    folder = Path.cwd()
+    try:
+        check_training(folder)
+    except checking.ExerciseFailed as failure:
+        print(failure)
+    picture = folder / pictures.TRAINING_PICTURE
+    if picture.is_file():
+        _show(Image.open(picture))
+
+
+def _show(image):
+    """Show ``image`` in the notebook (IPython's display), or say where it is."""
+    try:
+        from IPython.display import display
+    except ImportError:
+        print(f"(a picture: {getattr(image, 'filename', '')})")
+        return
+    display(image)
