@@ -39,7 +39,8 @@ HINTS = {
         "derivative phi is normal_pdf, both imported",
         "y = x Phi(x) entry by entry, so dx = dout y'(x), and by the product rule "
         f"y'(x) = Phi(x) * 1 + x * {HOLE}",
-        "Phi'(x) = phi(x), the density: dx = dout * (normal_cdf(x) + x * normal_pdf(x))",
+        "Phi'(x) = phi(x) = exp(-x^2 / 2) / sqrt(2 pi), the density: "
+        "dx = dout * (normal_cdf(x) + x * normal_pdf(x))",
     ),
     "gelu_tanh": (
         "from the cache x, the forward's input; dx has x's shape; c = TANH_C and "
@@ -95,8 +96,8 @@ HINTS = {
         "g.mean(-1, keepdims=True) - xhat * (g * xhat).mean(-1, keepdims=True))",
     ),
     "softmax_jacobian": (
-        "A (..., N), the forward's output with rows summing to 1, is all the backward needs; "
-        "J (..., N, N), one per row; dA and dS (..., N)",
+        "no cache: the argument A (..., N), the forward's output with rows summing to 1, is "
+        "all the backward needs; J (..., N, N), one per row; dA and dS (..., N)",
         f"A_j = exp(S_j) / sum_k exp(S_k); the quotient rule gives dA_j/dS_k = {HOLE}; then "
         "dS_k = sum_j dA_j J[j, k], that is dS = dA J, row by row",
         "dA_j/dS_k = A_j (delta_jk - A_k): J = diag(A) - A^T A = A[..., :, None] * "
@@ -104,7 +105,8 @@ HINTS = {
         "dS = (dA[..., None, :] @ J)[..., 0, :]",
     ),
     "softmax": (
-        "A and dA (..., N), and one sum per row (..., 1): no (N, N) array",
+        "no cache: the arguments A and dA (..., N) are all the backward needs, with one sum "
+        "per row (..., 1): no (N, N) array",
         f"dS_k = sum_j dA_j A_j (delta_jk - A_k) = A_k dA_k - A_k {HOLE}",
         "the second term's factor is the row sum sum_j dA_j A_j: "
         "dS = A * (dA - (dA * A).sum(axis=-1, keepdims=True)); every row of dS sums to zero",
@@ -125,8 +127,8 @@ HINTS = {
         "merge_heads transposes (B, NH, N, Dh) to (B, N, NH, Dh) and reshapes it to "
         f"(B, N, NH*Dh); it only moves entries, so reshape dctx to {HOLE} and undo the "
         "transpose",
-        "dctx.reshape(B, N, num_heads, Dh).transpose(0, 2, 1, 3): the transpose (0, 2, 1, 3) "
-        "is its own inverse",
+        "the reshape is to (B, N, NH, Dh), and the transpose (0, 2, 1, 3) is its own inverse: "
+        "dheads = dctx.reshape(B, N, num_heads, Dh).transpose(0, 2, 1, 3)",
     ),
     "split_heads": (
         "no cache: dq, dk, dv each (B, NH, N, Dh) in, dqkv (B, N, 3*NH*Dh) out",
@@ -134,7 +136,7 @@ HINTS = {
         "to (3, B, NH, N, Dh); going back: stack dq, dk, dv into (3, B, NH, N, Dh), "
         f"transpose by {HOLE}, reshape to (B, N, 3*NH*Dh)",
         "the inverse of (2, 0, 3, 1, 4) is (1, 3, 0, 2, 4): "
-        "xp.stack([dq, dk, dv]).transpose(1, 3, 0, 2, 4).reshape(B, N, 3 * NH * Dh)",
+        "dqkv = xp.stack([dq, dk, dv]).transpose(1, 3, 0, 2, 4).reshape(B, N, 3 * NH * Dh)",
     ),
     "attention": (
         "no cache of its own (each part keeps its own); dout, the projection's input "

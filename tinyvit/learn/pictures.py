@@ -8,9 +8,12 @@ Each is written as a PNG beside the exercise's files (``ex01_linear.where.png``,
 which a notebook shows inline.
 """
 
+from functools import lru_cache
+
 import numpy as np  # the difference is drawn from host arrays
 
 from ..backend import default_dtype, using_backend
+from ..viz.canvas import save_png
 from ..viz.charts import Panel, Series, line_chart
 from ..viz.diagram import block_diagram
 from ..viz.matrices import heatmap
@@ -49,7 +52,16 @@ WHERE = {
 
 def where(ex, path=None):
     """The block diagram with exercise ``ex``'s layer highlighted and the shapes of its
-    first case's input and output beside it."""
+    first case's input and output beside it; with ``path``, also written there."""
+    image = _where(ex)
+    if path is not None:
+        save_png(image, path)
+    return image
+
+
+@lru_cache(maxsize=None)
+def _where(ex):
+    """The picture is the same for every workbook: drawn once per process."""
     with using_backend("numpy"), default_dtype("float64"):
         module, inputs, before_forward = ex.cases[0](ex.reference)
         if before_forward:
@@ -57,7 +69,7 @@ def where(ex, path=None):
         out = module.forward(*inputs)
     shapes = " -> ".join(str(tuple(a.shape)) for a in (inputs[0], out))
     note = f"exercise {ex.number}, {ex.title}: {shapes} in its first check"
-    return block_diagram(WHERE[ex.name], note, path)
+    return block_diagram(WHERE[ex.name], note)
 
 
 def difference(name, yours, library, path):

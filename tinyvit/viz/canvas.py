@@ -205,10 +205,10 @@ def _titled(content, title):
     return img
 
 
-def _save(img, path):
+def save_png(img, path):
     """Write ``img`` as PNG to ``path`` via a temporary file (never a half-written PNG)."""
     with atomic_write(path) as f:
-        img.save(f, format="PNG")
+        img.save(f, format="PNG", compress_level=1)  # fast; flat colours compress well anyway
     return Path(path)
 
 

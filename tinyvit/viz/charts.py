@@ -22,11 +22,11 @@ from .canvas import (
     _font,
     _format_ticks,
     _line_height,
-    _save,
     _scale,
     _text_width,
     _titled,
     nice_ticks,
+    save_png,
 )
 
 STYLES = ("line", "markers", "both")
@@ -99,7 +99,7 @@ def line_chart(panels, path, title=None, panel_size=(460, 340)):
     row = Image.new("RGB", (w * len(panels), h), "white")
     for i, panel in enumerate(panels):
         _draw_panel(row, (i * w, 0, (i + 1) * w, h), panel)
-    return _save(_titled(row, title), path)
+    return save_png(_titled(row, title), path)
 
 
 def _draw_panel(img, box, panel):

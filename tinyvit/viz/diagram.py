@@ -9,6 +9,9 @@ step of the forward; a row of several boxes is a layer made of parts, left to ri
 A highlighted box is filled; ``note`` (its shapes, say) is written beside the first.
 """
 
+from dataclasses import dataclass
+from functools import lru_cache
+
 from PIL import Image, ImageDraw
 
 from .canvas import (
@@ -20,10 +23,10 @@ from .canvas import (
     TICK,
     _draw_text,
     _font,
-    _save,
     _text_width,
     _titled,
     _trim,
+    save_png,
 )
 
 FILL = (255, 221, 120)  # a highlighted box
@@ -74,55 +77,80 @@ def block_diagram(highlight, note="", path=None):
     if unknown:
         raise ValueError(f"block_diagram: no box {sorted(unknown)}; the boxes are "
                          f"{sorted(KEYS)}")
+    plain, boxes, frames = _plain()
+    img = Image.new("RGB", (plain.width + 4 * GAP + _text_width(note, _font(LABEL)),
+                            plain.height), "white")
+    img.paste(plain)
+    draw = ImageDraw.Draw(img)
+    lit = [box for box in boxes if {box.key, box.group} & set(highlight)
+           or (box.group == "block" and any(ROWS.get(h) == box.row for h in highlight))]
+    for box in lit:
+        draw.rectangle(box.rect, fill=FILL, outline=EDGE, width=2)
+        x0, y0, x1, y1 = box.rect
+        _draw_text(img, ((x0 + x1) / 2, (y0 + y1) / 2), box.label, _font(TICK))
+    for group, (rect, caption_at, caption) in frames.items():
+        if group in highlight:
+            draw.rectangle(rect, outline=EDGE, width=3)
+            _draw_text(img, caption_at, caption, _font(TICK - 1), ha="right", fill=EDGE)
+    if note and lit:
+        _draw_text(img, (plain.width + GAP, (lit[0].rect[1] + lit[0].rect[3]) / 2), note,
+                   _font(LABEL), ha="left", fill=EDGE)
+    img = _titled(_trim(img), None)
+    if path is not None:
+        save_png(img, path)
+    return img
+
+
+@dataclass(frozen=True)
+class Box:
+    key: str
+    group: str
+    row: int  # its row within the group
+    label: str
+    rect: tuple  # (x0, y0, x1, y1)
+
+
+@lru_cache(maxsize=1)
+def _plain():
+    """The diagram with nothing highlighted (drawn once), its boxes, and each group's
+    frame: {group: (rect, where its caption ends, the caption)}."""
     font, small = _font(TICK), _font(TICK - 1)
     rows = [(group, index, row) for group, _, group_rows in GROUPS
             for index, row in enumerate(group_rows)]
     widths = [sum(_text_width(label, font) + 2 * PAD for _, label in row) + GAP * (len(row) - 1)
               for _, _, row in rows]
     left = MARGIN + 3 * GAP + max(_text_width(c, small) for _, c, _ in GROUPS)  # the captions
-    width = left + max(widths) + 2 * MARGIN + 4 * GAP + _text_width(note, _font(LABEL))
+    right = left + max(widths) + GAP
     height = 2 * MARGIN + len(rows) * (BOX_H + ROW_GAP) + 2 * ROW_GAP * len(GROUPS)
-    img = Image.new("RGB", (width, height), "white")
+    img = Image.new("RGB", (right + MARGIN, height), "white")
     draw = ImageDraw.Draw(img)
     centre = left + max(widths) / 2
-    y, spans, first, above = MARGIN, {}, None, None
+    y, spans, above, boxes = MARGIN, {}, None, []
     for (group, index, row), row_w in zip(rows, widths):
-        if index == 0:
-            y += ROW_GAP
-        lit_row = group in highlight or (group == "block" and any(
-            ROWS.get(name) == index for name in highlight))
+        y += ROW_GAP if index == 0 else 0
         x = centre - row_w / 2
         if above is not None:
             _arrow(draw, centre, above, y)
         for n, (key, label) in enumerate(row):
             w = _text_width(label, font) + 2 * PAD
-            lit = lit_row or key in highlight
-            draw.rectangle((x, y, x + w, y + BOX_H), fill=FILL if lit else PLAIN,
-                           outline=EDGE if lit else FRAME, width=2 if lit else 1)
+            boxes.append(Box(key, group, index, label, (x, y, x + w, y + BOX_H)))
+            draw.rectangle(boxes[-1].rect, fill=PLAIN, outline=FRAME)
             _draw_text(img, (x + w / 2, y + BOX_H / 2), label, font)
-            if lit and first is None:
-                first = y + BOX_H / 2  # the note's line
             if n < len(row) - 1:
                 _harrow(draw, x + w, x + w + GAP, y + BOX_H / 2)
             x += w + GAP
         spans.setdefault(group, [y, y])[1] = y + BOX_H
         above = y + BOX_H
         y += BOX_H + ROW_GAP
+    frames = {}
     for group, caption, _ in GROUPS:
         if caption:
             top, bottom = spans[group]
-            lit = group in highlight
-            draw.rectangle((left - GAP, top - GAP, left + max(widths) + GAP, bottom + GAP),
-                           outline=EDGE if lit else FRAME, width=3 if lit else 1)
-            _draw_text(img, (left - 2 * GAP, (top + bottom) / 2), caption, small, ha="right",
-                       fill=EDGE if lit else INK)
-    if note and first is not None:
-        _draw_text(img, (left + max(widths) + 3 * GAP, first), note, _font(LABEL),
-                   ha="left", fill=EDGE)
-    img = _titled(_trim(img), None)
-    if path is not None:
-        _save(img, path)
-    return img
+            frames[group] = ((left - GAP, top - GAP, right, bottom + GAP),
+                             (left - 2 * GAP, (top + bottom) / 2), caption)
+            draw.rectangle(frames[group][0], outline=FRAME)
+            _draw_text(img, *frames[group][1:], small, ha="right")
+    return img, boxes, frames
 
 
 def _arrow(draw, x, top, bottom):

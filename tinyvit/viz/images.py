@@ -21,7 +21,6 @@ from .canvas import (
     _fit,
     _font,
     _line_height,
-    _save,
     _scratch,
     _titled,
     _to_uint8,
@@ -29,6 +28,7 @@ from .canvas import (
     _upscale,
     _value_range,
     colormap,
+    save_png,
 )
 
 
@@ -65,7 +65,7 @@ def image_grid(images, path, title=None, cols=None, tile_titles=None, scale=None
             text = _fit(str(tile_titles[n]), _font(TICK), pitch_x - GAP)
             _draw_text(img, (x + w * scale / 2, y + h * scale + GAP // 2), text, _font(TICK),
                        va="top")
-    return _save(_titled(_trim(img), title), path)
+    return save_png(_titled(_trim(img), title), path)
 
 
 def _paste_framed(img, tile, xy):
@@ -125,4 +125,4 @@ def save_panels(images, path, title=None, captions=None, height=196):
             _draw_text(img, (x + tile.width / 2, ROOM + tile.height + GAP), text, _font(LABEL),
                        va="top")
         x += tile.width + 3 * GAP
-    return _save(_titled(_trim(img), title), path)
+    return save_png(_titled(_trim(img), title), path)

@@ -26,7 +26,6 @@ from .canvas import (
     _font,
     _ink_for,
     _line_height,
-    _save,
     _scratch,
     _text_width,
     _titled,
@@ -34,6 +33,7 @@ from .canvas import (
     _upscale,
     _value_range,
     colormap,
+    save_png,
 )
 
 
@@ -73,7 +73,7 @@ def heatmap(matrix, path, title=None, xlabel=None, ylabel=None, xticklabels=None
         draw.rectangle((x, y, x + cell - 1, y + cell - 1), outline=INK, width=max(2, cell // 16))
     _draw_matrix_labels(img, cell, (rows, cols), xticklabels, yticklabels, xlabel, ylabel)
     _colorbar(img, ROOM + cols * cell + 3 * GAP, ROOM, rows * cell, vmin, vmax, cmap)
-    return _save(_titled(_trim(img), title), path)
+    return save_png(_titled(_trim(img), title), path)
 
 
 def _annotate(img, m, rgb, cell):
@@ -179,7 +179,7 @@ def heatmap_grid(maps, path, title=None, cols=None, cell_titles=None, row_labels
                       row_title, col_title)
     _colorbar(img, ROOM + cols * pitch_x + 2 * GAP, ROOM + caption_h,
               rows * pitch_y - caption_h - GAP, vmin, vmax, cmap)
-    return _save(_titled(_trim(img), title), path)
+    return save_png(_titled(_trim(img), title), path)
 
 
 def _draw_grid_labels(img, shape, pitch, caption_h, row_labels, col_labels, row_title, col_title):
