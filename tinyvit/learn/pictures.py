@@ -19,7 +19,8 @@ from ..viz.diagram import block_diagram
 from ..viz.matrices import heatmap
 from .exercises import TRAINING
 
-WORST = 3  # the worst entries marked on a difference
+WORST = 3  # the worst entries marked on a difference, where they stand out:
+STANDS_OUT = 1.01  # larger than the median size by this factor
 TRAINING_PICTURE = f"ex{TRAINING:02d}_training.png"  # beside the training exercise
 
 # each exercise's boxes of the diagram (``tinyvit/viz/diagram.py``)
@@ -80,12 +81,14 @@ def difference(name, yours, library, path):
     rows, cols = diff.shape[keep[0]], diff.shape[keep[1]]
     moved = np.moveaxis(diff, keep, (-2, -1)).reshape(-1, rows, cols)
     picked = np.take_along_axis(moved, np.abs(moved).argmax(axis=0)[None], axis=0)[0]
-    worst = np.argsort(np.abs(picked), axis=None)[::-1][:WORST]
+    sizes = np.abs(picked)
+    worst = np.argsort(sizes, axis=None)[::-1][:WORST]  # those that stand out of the rest
     marks = [tuple(int(i) for i in np.unravel_index(w, picked.shape)) for w in worst
-             if picked.flat[w] != 0]
+             if sizes.flat[w] > STANDS_OUT * np.median(sizes)]
     size = float(np.abs(picked).max()) or 1.0
     axes = ", ".join(f"axis {a} ({diff.shape[a]})" for a in keep)
-    title = f"{name}: yours - the library's over {axes}; worst {len(marks)} outlined"
+    said = f"the worst {len(marks)} outlined" if marks else "no entry stands out"
+    title = f"{name}: yours - the library's over {axes}; {said}"
     heatmap(picked, path, title=title, xlabel=f"axis {keep[1]}", ylabel=f"axis {keep[0]}",
             annotate=False, cmap="coolwarm", vmin=-size, vmax=size, marks=marks)
     return path

@@ -217,8 +217,13 @@ says, in one paragraph, the fix where one edit or two of your own lines make eve
 right (searched among the mistakes learners make, and checked before it is said), which
 gradient, where in it, what it looks like (a mean taken for a sum, a scale or a term
 missing, a transpose, a sign, a broken invariant) and which section of docs/backprop.md
-derives it. From a notebook, `from tinyvit.learn import check` and
-`check(MyLinear)` do the same.
+derives it; where it compared your gradient with tinyvit's, the difference is drawn beside
+the file (`ex01_linear.difference.png`: yours minus the right one, the worst entries outlined).
+
+Each exercise is also a notebook (`ex01_linear.ipynb`, `jupyter lab ex01_linear.ipynb`): the
+derivation beside the blank, the picture of where the layer sits (`ex01_linear.where.png`), a
+check cell, a hint cell and a cell that compares your numbers with tinyvit's. Write an exercise
+in either; the training exercise takes your class from the one you wrote last.
 
 The derivations: {BACKPROP if BACKPROP.is_file() else "docs/backprop.md in tinyvit's repository"},
 one section per layer.
