@@ -67,8 +67,9 @@ def _require_workbook(folder):
 
 def _exercise(number):
     if number == TRAINING:
-        raise LookupError(f"exercise {TRAINING} has nothing to write: it trains on your "
-                          f"exercises 1-{TRAINING - 1} (python -m tinyvit.learn check {TRAINING})")
+        raise LookupError(f"exercise {TRAINING} has nothing to write: it trains on those of "
+                          f"your exercises 1-{TRAINING - 1} that pass (python -m tinyvit.learn "
+                          f"check {TRAINING})")
     try:
         return by_number(number)
     except KeyError:

@@ -133,11 +133,13 @@ def test_{ex.name}():
 TRAINING_FILE = f"ex{TRAINING:02d}_training.py"
 TRAINING_TEMPLATE = f'''"""Exercise {TRAINING} of {TOTAL}: training on your own backward passes.
 
-The MNIST preset (mean-pooled), built from your classes of exercises 1-19 where the
-model has such a layer, trains for {STEPS} steps in float64 beside the same model of
-the library's layers, from the same weights on the same batches: the two loss curves
-must be the same. Nothing to write: pass exercises 1-19 first. The MNIST files come
-from the data_dir of learn.json, else $TINYVIT_DATA, else the cache (or a download).
+The MNIST preset (mean-pooled), built from your classes of exercises 1-19 that pass
+their checks where the model has such a layer (the library's elsewhere), trains for
+{STEPS} steps in float64 beside the same model of the library's layers, from the same
+weights on the same batches: the two loss curves must be the same. Nothing to write:
+it runs once any of exercises 1-19 passes, and says which layers are yours; the curves
+and each part's gradient norm are drawn to ex{TRAINING:02d}_training.png. The MNIST files
+come from the data_dir of learn.json, else $TINYVIT_DATA, else the cache (or a download).
 """
 
 from pathlib import Path
