@@ -16,7 +16,7 @@ import pytest
 from PIL import Image
 
 from tinyvit.learn import __main__ as command
-from tinyvit.learn import exercises, notebook, training
+from tinyvit.learn import exercises, notebook, pictures, training
 from tinyvit.learn.checking import ExerciseFailed, Progress, load_exercise
 from tinyvit.learn.exercises import EXERCISES, TRAINING, by_name, by_number, derivation_text
 from tinyvit.learn.hints import HINTS, HOLE
@@ -24,6 +24,7 @@ from tinyvit.learn.solution import solution
 from tinyvit.learn.training import _learners_classes, check_training
 from tinyvit.learn.workbook import answer, fill
 from tinyvit.nn.layers import LayerNorm, Linear
+from tinyvit.viz.canvas import CMAPS
 from tinyvit.viz.diagram import EDGE, FILL, block_diagram
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -113,7 +114,7 @@ def printed(outputs):
     return "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
 
 
-def pictures(outputs):
+def images(outputs):
     return [o for o in outputs if "image/png" in o.get("data", {})]
 
 
@@ -131,7 +132,7 @@ def test_a_blank_notebook_runs_and_its_check_says_so(workbook, kernel_path):
         "exercise 23 (BatchNorm2d), case 1 of 3, input (2, 3, 4, 5): not written yet: write "
         "MyBatchNorm2d.backward between the markers of ex23_batchnorm.py (or of "
         "ex23_batchnorm.ipynb)\n")
-    assert len(pictures(out["where(23)  # where the layer sits in the ViT, and its shapes"])) == 1
+    assert len(images(out["where(23)  # where the layer sits in the ViT, and its shapes"])) == 1
     assert printed(out["hint(23)"]).startswith("hint 1 of 3 for exercise 23 (BatchNorm2d), the "
                                                "shapes: from the cache xhat (B, C, H, W)")
     assert Progress(workbook).read() == {23: "blank"}
@@ -158,7 +159,7 @@ def test_a_mistake_in_a_notebook_prints_the_staged_failure_and_draws_it(workbook
     assert "the fix, found by trying" in said and "-> self.bias.grad += dout2.sum(axis=0)" in said
     picture = workbook / "ex01_linear.difference.png"
     assert said.endswith(f"The difference, drawn: {picture}\n") and picture.is_file()
-    assert len(pictures(out)) == 1
+    assert len(images(out)) == 1
     assert Progress(workbook).read() == {1: "fail"}
 
 
@@ -256,3 +257,15 @@ def test_the_training_runs_on_the_exercises_passed_so_far(workbook, capsys, monk
     assert lines[-1] == f"The curves, drawn: {workbook / 'ex20_training.png'}"
     width, height = Image.open(workbook / "ex20_training.png").size
     assert width > 800 and height > 300
+
+
+def test_a_wrong_head_shows_as_its_own_maps(tmp_path):
+    """dq (B, NH, N, Dh) = (2, 2, 5, 4), head 1 off by 0.5 in both images: a grid of four
+    N x Dh maps, the two of head 1 in coolwarm's top colour, the others grey."""
+    right = np.random.default_rng(0).normal(size=(2, 2, 5, 4))
+    wrong = right.copy()
+    wrong[:, 1] += 0.5
+    pixels = np.asarray(Image.open(pictures.difference("dq", wrong, right, tmp_path / "d.png")))
+    top = (pixels == CMAPS["coolwarm"][-1]).all(axis=-1).sum()
+    side = -(-pictures.MAP_PX // 5)  # the scale of a 5 x 4 map: ceil(120 / 5) = 24 px a cell
+    assert 2 * (5 * side) * (4 * side) <= top < 2 * (5 * side) * (4 * side) + 200  # + the bar

@@ -16,11 +16,12 @@ from ..backend import default_dtype, using_backend
 from ..viz.canvas import save_png
 from ..viz.charts import Panel, Series, line_chart
 from ..viz.diagram import block_diagram
-from ..viz.matrices import heatmap
+from ..viz.matrices import heatmap, heatmap_grid
 from .exercises import TRAINING
 
 WORST = 3  # the worst entries marked on a difference, where they stand out:
-STANDS_OUT = 1.01  # larger than the median size by this factor
+STANDS_OUT = 1.01  # larger than every entry not marked by this factor
+MAP_PX = 120  # the size of each map of a difference drawn as a grid
 TRAINING_PICTURE = f"ex{TRAINING:02d}_training.png"  # beside the training exercise
 
 # each exercise's boxes of the diagram (``tinyvit/viz/diagram.py``)
@@ -74,23 +75,40 @@ def _where(ex):
 
 
 def difference(name, yours, library, path):
-    """A heat map of ``yours - library`` (one gradient, host arrays) over its two largest
-    axes, each cell the entry of largest size along the other axes, the worst marked."""
-    diff = np.atleast_2d(np.asarray(yours, dtype=np.float64) - library)
-    keep = sorted(np.argsort(diff.shape, kind="stable")[-2:])
-    rows, cols = diff.shape[keep[0]], diff.shape[keep[1]]
-    moved = np.moveaxis(diff, keep, (-2, -1)).reshape(-1, rows, cols)
-    picked = np.take_along_axis(moved, np.abs(moved).argmax(axis=0)[None], axis=0)[0]
-    sizes = np.abs(picked)
-    worst = np.argsort(sizes, axis=None)[::-1][:WORST]  # those that stand out of the rest
-    marks = [tuple(int(i) for i in np.unravel_index(w, picked.shape)) for w in worst
-             if sizes.flat[w] > STANDS_OUT * np.median(sizes)]
-    size = float(np.abs(picked).max()) or 1.0
-    axes = ", ".join(f"axis {a} ({diff.shape[a]})" for a in keep)
-    said = f"the worst {len(marks)} outlined" if marks else "no entry stands out"
-    title = f"{name}: yours - the library's over {axes}; {said}"
-    heatmap(picked, path, title=title, xlabel=f"axis {keep[1]}", ylabel=f"axis {keep[0]}",
-            annotate=False, cmap="coolwarm", vmin=-size, vmax=size, marks=marks)
+    """A heat map of ``yours - library`` (one gradient, host arrays), coolwarm around zero,
+    the worst entries outlined where they stand out. A matrix (or a vector) is drawn as
+    it is; a larger tensor as a grid of maps over its two largest axes, one per index of
+    the others (a wrong head, a wrong image, a missing row sum show as their own maps)."""
+    diff = np.asarray(yours, dtype=np.float64) - library
+    size = float(np.abs(diff).max()) or 1.0
+    order = np.argsort(np.abs(diff), axis=None)[::-1]
+    rest = np.abs(diff).flat[order[WORST]] if diff.size > WORST else 0.0  # the first not marked
+    worst = [np.unravel_index(w, diff.shape) for w in order[:WORST]
+             if np.abs(diff).flat[w] > STANDS_OUT * rest]  # those that stand out of the rest
+    said = f"the worst {len(worst)} outlined" if worst else "no entry stands out"
+    colours = dict(cmap="coolwarm", vmin=-size, vmax=size)
+    if diff.ndim <= 2:
+        matrix = np.atleast_2d(diff)
+        names = (dict(xlabel="axis 1", ylabel="axis 0") if diff.ndim == 2
+                 else dict(xlabel="entry", yticklabels=[""] * matrix.shape[0]))
+        marks = [tuple(int(i) for i in (0, *w)[-2:]) for w in worst]
+        heatmap(matrix, path, title=f"{name}: yours - the library's; {said}", annotate=False,
+                marks=marks, **names, **colours)
+        return path
+    keep = sorted(np.argsort(diff.shape, kind="stable")[-2:])  # the maps' axes
+    other = [a for a in range(diff.ndim) if a not in keep]
+    maps = np.moveaxis(diff, keep, (-2, -1))  # (*other, rows, cols)
+    grid = dict(row_labels=range(maps.shape[0]), col_labels=range(maps.shape[1]),
+                row_title=f"axis {other[0]}", col_title=f"axis {other[1]}") \
+        if len(other) == 2 else dict(cols=min(8, int(np.prod(maps.shape[:-2]))), cell_titles=[
+            f"axis {', '.join(map(str, other))} = {', '.join(map(str, i))}"
+            for i in np.ndindex(maps.shape[:-2])])
+    marks = [(int(np.ravel_multi_index([w[a] for a in other], maps.shape[:-2])),
+              int(w[keep[0]]), int(w[keep[1]])) for w in worst]
+    title = (f"{name}: yours - the library's, a map over axes {keep[0]} and {keep[1]} for "
+             f"each index of axis {', '.join(map(str, other))}; {said}")
+    heatmap_grid(maps.reshape(-1, *maps.shape[-2:]) if len(other) != 2 else maps, path,
+                 title=title, marks=marks, map_px=MAP_PX, **grid, **colours)
     return path
 
 

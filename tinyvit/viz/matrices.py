@@ -67,13 +67,17 @@ def heatmap(matrix, path, title=None, xlabel=None, ylabel=None, xticklabels=None
     img.paste(_upscale(rgb, cell), (ROOM, ROOM))
     if annotate:
         _annotate(img, m, rgb, cell)
-    draw = ImageDraw.Draw(img)
-    for i, j in marks:
-        x, y = ROOM + j * cell, ROOM + i * cell
-        draw.rectangle((x, y, x + cell - 1, y + cell - 1), outline=INK, width=max(2, cell // 16))
+    _outline(img, [(ROOM + j * cell, ROOM + i * cell) for i, j in marks], cell)
     _draw_matrix_labels(img, cell, (rows, cols), xticklabels, yticklabels, xlabel, ylabel)
     _colorbar(img, ROOM + cols * cell + 3 * GAP, ROOM, rows * cell, vmin, vmax, cmap)
     return save_png(_titled(_trim(img), title), path)
+
+
+def _outline(img, corners, cell):
+    """An ink square around each cell whose top left corner is in ``corners``."""
+    draw = ImageDraw.Draw(img)
+    for x, y in corners:
+        draw.rectangle((x, y, x + cell - 1, y + cell - 1), outline=INK, width=max(2, cell // 16))
 
 
 def _annotate(img, m, rgb, cell):
@@ -127,7 +131,7 @@ def _tick_names(names, n, what):
 
 def heatmap_grid(maps, path, title=None, cols=None, cell_titles=None, row_labels=None,
                  col_labels=None, row_title=None, col_title=None, cmap="viridis",
-                 vmin=None, vmax=None):
+                 vmin=None, vmax=None, marks=(), map_px=48):
     """Draw small matrices as a grid of heatmaps sharing one colour bar, and save it as a PNG.
 
     The ViT paper's position-embedding figure is ``heatmap_grid(sim, path,
@@ -145,6 +149,8 @@ def heatmap_grid(maps, path, title=None, cols=None, cell_titles=None, row_labels
         row_labels, col_labels: R names left of the rows, C names below the columns.
         row_title, col_title: what the rows / columns are, beside / below those names.
         cmap, vmin, vmax: as in ``colormap``; None takes the range of all maps.
+        marks: (map, row, column) of cells to outline, the map counted row by row.
+        map_px: each map's longer side, at least, in pixels.
     Returns:
         the path written.
     """
@@ -165,7 +171,7 @@ def heatmap_grid(maps, path, title=None, cols=None, cell_titles=None, row_labels
     _check_count(row_labels, rows, "heatmap_grid: row_labels")
     _check_count(col_labels, cols, "heatmap_grid: col_labels")
     vmin, vmax = _value_range(maps, vmin, vmax)
-    scale = math.ceil(48 / max(h, w))
+    scale = math.ceil(map_px / max(h, w))
     caption_h = _line_height(_font(TICK)) + 2 if cell_titles is not None else 0
     pitch_x, pitch_y = w * scale + GAP, caption_h + h * scale + GAP
     img = _scratch(cols * pitch_x, rows * pitch_y)
@@ -175,6 +181,9 @@ def heatmap_grid(maps, path, title=None, cols=None, cell_titles=None, row_labels
         if cell_titles is not None:
             text = _fit(str(cell_titles[n]), _font(TICK), pitch_x)
             _draw_text(img, (x + w * scale / 2, y), text, _font(TICK), va="top")
+    _outline(img, [(ROOM + (n % cols) * pitch_x + j * scale,
+                    ROOM + (n // cols) * pitch_y + caption_h + i * scale) for n, i, j in marks],
+             scale)
     _draw_grid_labels(img, (rows, cols), (pitch_x, pitch_y), caption_h, row_labels, col_labels,
                       row_title, col_title)
     _colorbar(img, ROOM + cols * pitch_x + 2 * GAP, ROOM + caption_h,
