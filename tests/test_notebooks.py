@@ -157,6 +157,7 @@ def test_a_mistake_in_a_notebook_prints_the_staged_failure_and_draws_it(workbook
     assert said.startswith("exercise 1 (Linear), case 1 of 4, input (3, 7): bias's gradient "
                            "differs from the library's")
     assert "the fix, found by trying" in said and "-> self.bias.grad += dout2.sum(axis=0)" in said
+    assert "of your notebook's cell (MyLinear.backward):" in said
     picture = workbook / "ex01_linear.difference.png"
     assert said.endswith(f"The difference, drawn: {picture}\n") and picture.is_file()
     assert len(images(out)) == 1
