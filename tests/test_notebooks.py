@@ -17,7 +17,7 @@ from PIL import Image
 
 from tinyvit.learn import __main__ as command
 from tinyvit.learn import exercises, notebook, pictures, training
-from tinyvit.learn.checking import ExerciseFailed, Progress, load_exercise
+from tinyvit.learn.checking import ExerciseFailed, Progress, comparison, load_exercise
 from tinyvit.learn.exercises import EXERCISES, TRAINING, by_name, by_number, derivation_text
 from tinyvit.learn.hints import HINTS, HOLE
 from tinyvit.learn.solution import solution
@@ -270,3 +270,18 @@ def test_a_wrong_head_shows_as_its_own_maps(tmp_path):
     top = (pixels == CMAPS["coolwarm"][-1]).all(axis=-1).sum()
     side = -(-pictures.MAP_PX // 5)  # the scale of a 5 x 4 map: ceil(120 / 5) = 24 px a cell
     assert 2 * (5 * side) * (4 * side) <= top < 2 * (5 * side) * (4 * side) + 200  # + the bar
+
+
+def test_the_comparison_says_a_wrong_shape_and_what_raised():
+    def softmax_backward(A, dA):
+        return dA[..., :1]
+
+    assert comparison(softmax_backward) == [
+        "input yours has shape (2, 3, 1), the library's (2, 3, 5)"]
+
+    def merge_qkv_grads(dq, dk, dv):
+        raise NotImplementedError("exercise 14: write merge_qkv_grads here")
+
+    assert comparison(merge_qkv_grads)[0].startswith(
+        "your backward raised NotImplementedError: exercise 14: write merge_qkv_grads here at "
+        "line ")

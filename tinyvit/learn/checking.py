@@ -314,6 +314,32 @@ def _derivations(ex):
     return [d for d in (target.__doc__, getattr(ex.forward, "__doc__", None)) if d]
 
 
+def comparison(yours, exercise=None):
+    """The rows of "Becoming a backprop ninja"'s cmp for your gradients against the
+    library's on the exercise's first case in float64 (or what your backward raised)."""
+    ex = _exercise(yours, exercise)
+    with using_backend("numpy"), default_dtype("float64"):
+        want = _gradients(ex.cases[0], ex.reference)
+        try:
+            got = _gradients(ex.cases[0], yours)
+        except Exception as error:
+            return [_raised(error)]
+    width = max(len(name) for name in want)
+    rows = []
+    for name, value in want.items():
+        shape = getattr(got.get(name), "shape", None)
+        rows.append(_cmp(name, to_host(got[name]), to_host(value), width)[0]
+                    if shape == value.shape else
+                    f"{name:<{width}} yours has shape {shape}, the library's {value.shape}")
+    return rows
+
+
+def _gradients(case, make):
+    module, inputs, before_forward = case(make)
+    return _plain_backward(module, inputs, before_forward, _upstream(module, inputs,
+                                                                     before_forward))
+
+
 def _keeps_dtype(ex, yours, case):
     """The last stage: in float32, every gradient comes back in float32 (an array made
     without a dtype, xp.zeros(shape), is float64, and doubles a model's memory)."""
