@@ -28,6 +28,7 @@ import pytest
 from tinyvit import backend as B
 from tinyvit import data, fast
 from tinyvit.gradcheck import jitter, randn  # noqa: F401  (the tests import them from here)
+from tinyvit.learn import __main__ as learn
 from tinyvit.train import TrainConfig
 
 _HAS_GPU = B.cupy_available()
@@ -135,6 +136,15 @@ def stripes(tmp_path, monkeypatch):
     patch_info(monkeypatch, "mnist", sha256={f.name: sha256(f) for f in folder.iterdir()})
     monkeypatch.setenv("TINYVIT_CACHE", str(tmp_path / "cache"))
     return folder.parent
+
+
+@pytest.fixture
+def workbook(tmp_path, stripes):
+    """A new workbook (``python -m tinyvit.learn start``) whose training exercise reads the
+    synthetic MNIST files."""
+    folder = tmp_path / "workbook"
+    assert learn.main(["start", str(folder), "--data-dir", str(stripes)]) == 0
+    return folder
 
 
 def tiny_config(data_dir, out_dir, **changes):

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from PIL import Image
 
 from conftest import randn
 from tinyvit import backend as B
@@ -25,14 +26,6 @@ from tinyvit.learn.training import _learners_classes
 from tinyvit.learn.workbook import fill
 from tinyvit.nn.functional import softmax, softmax_backward
 from tinyvit.nn.layers import GELU, Attention, LayerNorm, Linear
-
-
-@pytest.fixture
-def workbook(tmp_path, stripes):
-    """A new workbook whose training exercise reads the synthetic MNIST files."""
-    folder = tmp_path / "workbook"
-    assert command.main(["start", str(folder), "--data-dir", str(stripes)]) == 0
-    return folder
 
 
 def fill_all(folder):
@@ -67,14 +60,16 @@ def failure_of(folder, name, planted=None):
 
 def test_a_new_workbook_has_every_exercise_blank(workbook):
     names = sorted(p.name for p in workbook.iterdir())
-    assert names == sorted([ex.filename for ex in EXERCISES] + ["ex20_training.py", "README.md",
-                                                                "learn.json", "pytest.ini"])
+    assert names == sorted([name for ex in EXERCISES for name in (
+        ex.filename, ex.notebook, ex.filename.replace(".py", ".where.png"))]
+        + ["ex20_training.py", "ex20_training.ipynb", "README.md", "learn.json", "pytest.ini"])
     result = pytest_in(workbook)
     assert result.returncode == 1
     assert result.stdout.count("not written yet: write My") == 18  # the layers' methods
     assert result.stdout.count("not written yet: write") == 23  # and five functions
     assert "not written yet: write softmax_backward between the markers" in result.stdout
-    assert f"exercise {TRAINING} trains on your layers: pass exercises 1, 2" in result.stdout
+    assert f"exercise {TRAINING} trains on your layers where they pass their checks: none of " \
+        f"exercises 1-{TRAINING - 1} has passed yet" in result.stdout
     assert "24 failed" in result.stdout
     readme = (workbook / "README.md").read_text()
     assert all(f"`{ex.filename}`" in readme for ex in EXERCISES)
@@ -109,7 +104,7 @@ def test_filled_with_the_library_every_exercise_passes_on_cupy_too(workbook, cap
 
 def test_the_training_runs_the_learners_functions_inside_the_learners_layers(workbook):
     fill_all(workbook)
-    attention = _learners_classes(workbook)[Attention]
+    attention = _learners_classes(workbook, range(1, TRAINING))[0][Attention]
     calls = {**attention.attend_backward.__globals__, **attention.backward.__globals__}
     assert {name: Path(calls[name].__code__.co_filename).name for name in (
         "softmax_backward", "split_heads_grad", "merge_qkv_grads")} == {
@@ -132,7 +127,12 @@ def test_the_training_stops_where_the_losses_part(workbook):
     lines = str(failed.value).splitlines()
     assert lines[0].startswith(f"exercise {TRAINING} (training): the loss curves part at step "
                                "1: yours ")
-    assert [line.split(":")[0] for line in lines[1:]] == ["step   0", "step   1"]
+    assert lines[1].startswith("yours: Linear (1), Tanh (2), GELU, the exact form (3), ")
+    assert lines[1].endswith("the library's: every other layer (exercises not passed: none)")
+    assert [line.split(":")[0] for line in lines[2:]] == ["step   0", "step   1",
+                                                         "The curves, drawn"]
+    assert lines[-1] == f"The curves, drawn: {workbook / 'ex20_training.png'}"
+    assert Image.open(workbook / "ex20_training.png").size[0] > 800
 
 
 PLANTED = {  # exercise: (the library's line, the learner's mistake, what the failure must say)
@@ -243,8 +243,9 @@ def test_hints_come_one_level_at_a_time_and_the_solution_after_an_attempt(workbo
     assert command.main(["hint", "1", str(workbook)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [line.split(":")[0] for line in lines] == [
-        "hint 1 of 3 for exercise 1 (Linear)", "hint 1 of 3 for exercise 1 (Linear)",
-        "hint 2 of 3 for exercise 1 (Linear)"]
+        "hint 1 of 3 for exercise 1 (Linear), the shapes",
+        "hint 1 of 3 for exercise 1 (Linear), the shapes",
+        "hint 2 of 3 for exercise 1 (Linear), the chain rule"]
     assert command.main(["solution", "1", str(workbook)]) == 1
     assert "the solution comes after an attempt that ran" in capsys.readouterr().out
     failure_of(workbook, "linear", ("self.bias.grad += self.column_sum(dout2)",
@@ -265,7 +266,7 @@ def test_a_class_without_a_backward_of_its_own_is_a_blank():
     assert str(failed.value).startswith(
         "exercise 1 (Linear): MyLinear has no backward of its own: it inherits Linear.backward "
         "from tinyvit; write MyLinear.backward (spelled so) between the markers of "
-        "ex01_linear.py\n")
+        "ex01_linear.py (or of ex01_linear.ipynb)\n")
 
 
 def test_a_backward_that_hands_its_work_to_the_library_is_refused():

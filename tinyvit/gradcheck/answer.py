@@ -105,8 +105,11 @@ def _dedented(before, after):
 
 def shown(path):
     """A file as a reader finds it: relative to the folder they are in, or to tinyvit's
-    checkout for tinyvit's own files."""
+    checkout for tinyvit's own files; code typed in a Jupyter cell (which the kernel keeps
+    in a file of its own, /tmp/ipykernel_<pid>/<hash>.py) as the cell."""
     path = Path(path)
+    if path.parent.name.startswith("ipykernel_"):
+        return "your notebook's cell"
     for root in (Path.cwd(), PACKAGE.parent):
         try:
             return path.resolve().relative_to(root.resolve()).as_posix()

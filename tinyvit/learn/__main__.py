@@ -10,15 +10,16 @@ DIR defaults to the folder you are in.
 """
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 from .checking import MARKER, ExerciseFailed, Progress, load_exercise
-from .exercises import EXERCISES, TRAINING, by_number, derivation
-from .workbook import TRAINING_FILE, solution, start
+from .exercises import EXERCISES, TRAINING, by_number
+from .hints import next_hint
+from .notebook import write_notebooks
+from .solution import solution
+from .workbook import TRAINING_FILE, start
 
-HINTS = ".learn-hints.json"  # the hint levels shown so far, per exercise
 RAN = ("pass", "fail")  # an attempt that ran: the blank was written
 
 
@@ -46,8 +47,10 @@ def main(argv=None):
     try:
         if args.command == "start":
             start(folder, args.data_dir)
-            print(f"wrote a workbook of {len(EXERCISES) + 1} exercises into {folder}: "
-                  f"cd {folder} && python -m pytest -x, then open {EXERCISES[0].filename}")
+            write_notebooks(folder)
+            print(f"wrote a workbook of {len(EXERCISES) + 1} exercises into {folder}, each a "
+                  f".py file and a notebook: cd {folder} && python -m pytest -x, then open "
+                  f"{EXERCISES[0].filename}; or jupyter lab {EXERCISES[0].notebook}")
             return 0
         _require_workbook(folder)
         return COMMANDS[args.command](folder, getattr(args, "number", None))
@@ -64,8 +67,9 @@ def _require_workbook(folder):
 
 def _exercise(number):
     if number == TRAINING:
-        raise LookupError(f"exercise {TRAINING} has nothing to write: it trains on your "
-                          f"exercises 1-{TRAINING - 1} (python -m tinyvit.learn check {TRAINING})")
+        raise LookupError(f"exercise {TRAINING} has nothing to write: it trains on those of "
+                          f"your exercises 1-{TRAINING - 1} that pass (python -m tinyvit.learn "
+                          f"check {TRAINING})")
     try:
         return by_number(number)
     except KeyError:
@@ -100,18 +104,7 @@ def check(folder, number):
 
 
 def hint(folder, number):
-    """The next level of hints: the shapes, then the chain rule's sums written out, then
-    the section of docs/backprop.md; each call shows one more."""
-    ex = _exercise(number)
-    levels = (f"the shapes: {ex.hints[0]}", f"the chain rule: {ex.hints[1]}",
-              f"the derivation: {derivation(ex.section)}")
-    path = folder / HINTS
-    shown = json.loads(path.read_text()) if path.is_file() else {}
-    level = min(shown.get(str(number), 0) + 1, len(levels))
-    shown[str(number)] = level
-    path.write_text(json.dumps(shown, indent=1, sort_keys=True))
-    for i in range(level):
-        print(f"hint {i + 1} of {len(levels)} for exercise {number} ({ex.title}): {levels[i]}")
+    print(next_hint(folder, _exercise(number)))
     return 0
 
 

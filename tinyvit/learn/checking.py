@@ -31,6 +31,7 @@ import json
 import linecache
 import sys
 import traceback
+import types
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
@@ -55,7 +56,7 @@ from ..gradcheck.repair import Probe, measure, search
 from ..gradcheck.source import NotEditable, Source
 from ..gradcheck.trace import trace
 from ..nn.conv import col2im
-from . import harness
+from . import harness, pictures
 from .exercises import EXERCISES, by_name, derivation
 
 TOL = 1e-7  # the gradient check's bar (the library's backward agrees to about 1e-9)
@@ -92,11 +93,31 @@ def check(yours, exercise=None):
     except NotWritten:
         progress.record(ex.number, "blank")
         raise
-    except ExerciseFailed:
+    except ExerciseFailed as failure:
         progress.record(ex.number, "fail")
+        _draw_difference(failure, ex, progress.folder)
         raise
     progress.record(ex.number, "pass")
     print(f"exercise {ex.number} ({ex.title}): PASS, every stage of {len(ex.cases)} cases")
+
+
+def _draw_difference(failure, ex, folder):
+    """Where the failure knows the gradient that differs from the library's and the
+    workbook's folder is known: its difference drawn beside the exercise's file, and
+    the paragraph's last line says where."""
+    if getattr(failure, "difference", None) is None or folder is None:
+        return
+    path = folder / f"{Path(ex.filename).stem}.difference.png"
+    pictures.difference(*failure.difference, path)
+    failure.picture = path
+    failure.args = (f"{failure.args[0]}\nThe difference, drawn: {path}",)
+
+
+def _failed(paragraph, name, yours, library):
+    """An ``ExerciseFailed`` that knows the gradient ``name`` that differs (host arrays)."""
+    failure = ExerciseFailed(paragraph)
+    failure.difference = (_tensor(name), yours, library)
+    return failure
 
 
 def _exercise(yours, name):
@@ -146,7 +167,8 @@ def _own_method(ex, yours):
         raise NotWritten(_paragraph(
             ex, f"exercise {ex.number} ({ex.title})", f"{yours.__name__} has no {ex.method} of "
             f"its own: it inherits {ex.reference.__name__}.{ex.method} from tinyvit; write "
-            f"{yours.__name__}.{ex.method} (spelled so) between the markers of {ex.filename}"))
+            f"{yours.__name__}.{ex.method} (spelled so) between the markers of {ex.filename} "
+            f"(or of {ex.notebook})"))
 
 
 # -- one case -------------------------------------------------------------------------------
@@ -292,6 +314,32 @@ def _derivations(ex):
     return [d for d in (target.__doc__, getattr(ex.forward, "__doc__", None)) if d]
 
 
+def comparison(yours, exercise=None):
+    """The rows of "Becoming a backprop ninja"'s cmp for your gradients against the
+    library's on the exercise's first case in float64 (or what your backward raised)."""
+    ex = _exercise(yours, exercise)
+    with using_backend("numpy"), default_dtype("float64"):
+        want = _gradients(ex.cases[0], ex.reference)
+        try:
+            got = _gradients(ex.cases[0], yours)
+        except Exception as error:
+            return [_raised(error)]
+    width = max(len(name) for name in want)
+    rows = []
+    for name, value in want.items():
+        shape = getattr(got.get(name), "shape", None)
+        rows.append(_cmp(name, to_host(got[name]), to_host(value), width)[0]
+                    if shape == value.shape else
+                    f"{name:<{width}} yours has shape {shape}, the library's {value.shape}")
+    return rows
+
+
+def _gradients(case, make):
+    module, inputs, before_forward = case(make)
+    return _plain_backward(module, inputs, before_forward, _upstream(module, inputs,
+                                                                     before_forward))
+
+
 def _keeps_dtype(ex, yours, case):
     """The last stage: in float32, every gradient comes back in float32 (an array made
     without a dtype, xp.zeros(shape), is float64, and doubles a model's memory)."""
@@ -355,7 +403,7 @@ def _backward(ex, module, inputs, before_forward, dout, where, learner=True, rep
     except NotImplementedError:
         raise NotWritten(_paragraph(
             ex, where, f"not written yet: write {ex.yours}{'.' + ex.method if ex.method else ''} "
-            f"between the markers of {ex.filename}")) from None
+            f"between the markers of {ex.filename} (or of {ex.notebook})")) from None
     except CallsLibrary:
         raise ExerciseFailed(_paragraph(ex, where, _calls_library(ex))) from None
     except WrongShape as error:
@@ -435,7 +483,11 @@ def _invariants(ex, computed, against, where):
     for broken, why in INVARIANTS.get(ex.name, ()):
         what = broken(host)
         if what:
-            raise ExerciseFailed(_paragraph(ex, where, f"{what}: {why}", against.findings()))
+            failure = ExerciseFailed(_paragraph(ex, where, f"{what}: {why}", against.findings()))
+            first = against.first_difference()
+            if first is not None:
+                failure.difference = (_tensor(first[0]), *first[1:])
+            raise failure
 
 
 def _intermediates(ex, mine, theirs, where, repair):
@@ -460,9 +512,9 @@ def _intermediates(ex, mine, theirs, where, repair):
         row, close = _cmp(f"d{name}", value, want, 6)
         rows.append(row)
         if not close:
-            raise ExerciseFailed(_paragraph(ex, where, f"d{name} differs from the library's "
-                                            "(each intermediate's gradient, the last step "
-                                            "first):", [*_fix(repair), *rows]))
+            raise _failed(_paragraph(ex, where, f"d{name} differs from the library's (each "
+                                     "intermediate's gradient, the last step first):",
+                                     [*_fix(repair), *rows]), f"d{name}", value, want)
 
 
 def _cmp(label, value, want, width):
@@ -510,12 +562,17 @@ class _Against:
         __tracebackhide__ = True  # pytest shows the paragraph, not these frames
         for name, c in self.checks.items():
             if self.differs(name):
-                raise ExerciseFailed(_paragraph(
+                raise _failed(_paragraph(
                     self.ex, where, f"{_tensor(name)} differs from the library's (rel_err "
                     f"{c.rel_err:.1e}; worst at {c.where}: yours {c.analytic:.6g}, the "
                     f"library's {c.numeric:.6g})",
                     [*self.repair.lines(), *self.diagnosis(name), "yours against the library's:",
-                     *self.table]))
+                     *self.table]), name, *self.host[name])
+
+    def first_difference(self):
+        """(name, yours, library) of the first gradient that differs, or None."""
+        return next(((name, *self.host[name]) for name in self.names if self.differs(name)),
+                    None)
 
 
 # -- shapes ----------------------------------------------------------------------------------
@@ -682,6 +739,21 @@ def load_exercise(path):
     return module
 
 
+def load_notebook(path):
+    """The module of the learner's code in an exercise's notebook: its cells tagged
+    "setup" and "answer" (``notebook.py``), run as one file."""
+    cells = json.loads(Path(path).read_text())["cells"]
+    source = "\n\n".join("".join(cell["source"]) for cell in cells
+                          if {"setup", "answer"} & set(cell["metadata"].get("tags", ())))
+    name = f"workbook_{Path(path).stem}_notebook"
+    module = types.ModuleType(name)
+    module.__file__ = str(path)
+    sys.modules[name] = module
+    linecache.cache[str(path)] = (len(source), None, source.splitlines(True), str(path))
+    exec(compile(source, str(path), "exec"), module.__dict__)
+    return module
+
+
 class Progress:
     """The workbook's record of each exercise's last check: "pass", "fail" or "blank"."""
 
@@ -690,12 +762,17 @@ class Progress:
 
     @classmethod
     def of(cls, yours):
-        """The progress of the workbook that ``yours`` was written in (none for a notebook)."""
+        """The progress of the workbook that ``yours`` was written in; for code typed in
+        a notebook (a cell has no file of the workbook), the workbook the notebook runs
+        in (Jupyter runs a notebook in its folder); None outside a workbook."""
         try:
             folder = Path(inspect.getfile(yours)).resolve().parent
         except (TypeError, OSError):
-            return cls(None)
-        return cls(folder if (folder / MARKER).is_file() else None)
+            folder = None
+        for found in (folder, Path.cwd()):
+            if found is not None and (found / MARKER).is_file():
+                return cls(found)
+        return cls(None)
 
     def read(self):
         path = self.folder / PROGRESS

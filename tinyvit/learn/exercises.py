@@ -1,7 +1,8 @@
 """The workbook's exercises, in order: from one line to the whole model, then the
 hybrid's stem. Each names the library's own code that the learner writes again
 (``reference``: a layer's method, or a function), how to build it for the checks
-(``cases``), what the blank asks for, with every shape (``task``), and its hints.
+(``cases``), what the blank asks for, with every shape (``task``); ``hints.py`` holds their
+hints.
 
 Shapes follow docs/backprop.md's legend: B batch, N tokens, D features, NH heads,
 Dh head dim, Q query rows, M rows, K classes, C channels, F filters.
@@ -20,15 +21,37 @@ from . import harness
 from .steps import LayerNormSteps, softmax_jacobian_backward
 
 TRACKS = {"vit": "the Vision Transformer", "stem": "the hybrid's convolutional stem"}
-BACKPROP = Path(__file__).resolve().parents[2] / "docs" / "backprop.md"  # in a checkout
+# the derivations: the page in a checkout of tinyvit, else the package's copy of it (package
+# data, built from the same file: tinyvit/learn/backprop.md links to docs/backprop.md)
+CHECKOUT = Path(__file__).resolve().parents[2] / "docs" / "backprop.md"
+BACKPROP = CHECKOUT if CHECKOUT.is_file() else Path(__file__).with_name("backprop.md")
 
 
 def derivation(section):
-    """Where ``section`` of docs/backprop.md is: the page in this checkout of tinyvit, by
-    its path, or the page in tinyvit's repository where tinyvit came without it."""
+    """Where ``section`` of docs/backprop.md is: the page in this checkout of tinyvit (or
+    in the installed package), by its path, or the page in tinyvit's repository where
+    tinyvit came without it."""
     if BACKPROP.is_file():
         return f"{BACKPROP}#{anchor(section)}"
     return f"docs/backprop.md#{anchor(section)} in tinyvit's repository"
+
+
+def derivation_text(section):
+    """The Markdown of ``section`` of docs/backprop.md, its heading first, up to the next
+    heading of its level or above: read when a notebook is written, so the two agree."""
+    if not BACKPROP.is_file():
+        raise FileNotFoundError(f"the derivations ({BACKPROP}) are missing from this "
+                                "install of tinyvit: reinstall it (pip install tinyvit), or "
+                                "install it from a checkout (pip install -e .)")
+    lines = BACKPROP.read_text(encoding="utf-8").splitlines()
+    starts = [i for i, line in enumerate(lines)
+              if line.startswith("#") and line.lstrip("#").strip() == section]
+    if not starts:
+        raise LookupError(f"{BACKPROP} has no section {section!r}")
+    level = len(lines[starts[0]]) - len(lines[starts[0]].lstrip("#"))
+    end = next((i for i in range(starts[0] + 1, len(lines)) if lines[i].startswith("#")
+                and len(lines[i]) - len(lines[i].lstrip("#")) <= level), len(lines))
+    return "\n".join(lines[starts[0]:end]).strip() + "\n"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,13 +67,16 @@ class Exercise:
     section: str  # the heading of docs/backprop.md that derives it
     intro: str
     task: str  # the comment above the blank: what is given, what to compute, every shape
-    hints: tuple  # the shapes; the chain rule's sums written out (the page is the third)
     cases: tuple = ()  # build(make) -> (module, inputs, before_forward), make a class or function
     imports: tuple = ()  # names the file imports for the learner, as (module, name)
 
     @property
     def filename(self):
         return f"ex{self.number:02d}_{self.name}.py"
+
+    @property
+    def notebook(self):
+        return f"ex{self.number:02d}_{self.name}.ipynb"
 
     @property
     def is_function(self):
@@ -138,11 +164,6 @@ dout: (..., out), the gradient of the loss at y; dout.reshape(-1, self.out_featu
 is (M, out). Add dW (out, in) to self.weight.grad and db (out,) to self.bias.grad (+=:
 gradients accumulate; self.bias is None in a layer without one, as in one case); return dx,
 shaped as the forward's input (..., in).""",
-        ("dW (out, in) = a product of dout2 (M, out) and x2 (M, in); db (out,) = a reduction "
-         "of dout2 (M, out); dx (M, in) = a product of dout2 (M, out) and W (out, in), then "
-         "reshaped back",
-         "y_mj = sum_i x_mi W_ji + b_j, so dW_ji = sum_m dy_mj x_mi, db_j = sum_m dy_mj "
-         "(a sum, not a mean: every row used b), dx_mi = sum_j dy_mj W_ji"),
         (*cases(_linear, (3, 7), (2, 9, 7), (1, 7)),
          lambda make: _linear(make, (4, 7), bias=False)),
     ),
@@ -151,9 +172,6 @@ shaped as the forward's input (..., in).""",
         "y = tanh(x), elementwise: the backward is a multiply by the local derivative.",
         """The cache: y = self._take_cache(), the forward's output, shaped as x.
 dout: shaped as y. Return dx, shaped as x: no parameters.""",
-        ("dx has x's shape: dout times the derivative of tanh at each entry",
-         "dy_i/dx_i = 1 - tanh(x_i)^2 = 1 - y_i^2, and no other y_j depends on x_i: "
-         "dx_i = dout_i (1 - y_i^2)"),
         cases(_plain, (3, 7), (2, 5, 9), (1, 1, 4)),
     ),
     Exercise(
@@ -163,8 +181,6 @@ dout: shaped as y. Return dx, shaped as x: no parameters.""",
         """The cache: x = self._take_cache(), the forward's input. dout: shaped as x.
 Return dx, shaped as x. The normal CDF and density are normal_cdf and normal_pdf
 (imported above). (This layer's approximate is "none"; exercise 4 is the tanh form.)""",
-        ("dx has x's shape: dout times y'(x) at each entry",
-         "y = x Phi(x): by the product rule y' = Phi(x) + x phi(x), phi = Phi' the density"),
         cases(_plain, (3, 7), (2, 5, 9), (1, 1, 4)),
         (("tinyvit.backend", "xp"), ("tinyvit.nn.functional", "normal_cdf"),
          ("tinyvit.nn.functional", "normal_pdf"), ("tinyvit.nn.layers", "TANH_A"),
@@ -176,9 +192,6 @@ Return dx, shaped as x. The normal CDF and density are normal_cdf and normal_pdf
         "y = x (1 + tanh(c (x + a x^3))) / 2, c = sqrt(2/pi), a = 0.044715 (TANH_C, TANH_A).",
         """The cache: x = self._take_cache(). dout: shaped as x. Return dx, shaped as x.
 (This layer's approximate is "tanh"; write the exact form too if you like, as exercise 3.)""",
-        ("dx has x's shape: dout times y'(x) at each entry",
-         "with t = tanh(u), u = c (x + a x^3): y = x (1 + t) / 2, so "
-         "y' = (1 + t) / 2 + x (1 - t^2) du/dx / 2, du/dx = c (1 + 3 a x^2)"),
         cases(lambda make, shape: _plain(make, shape, 2.0, "tanh"), (3, 7), (2, 5, 9), (1, 1, 4)),
         (("tinyvit.backend", "xp"), ("tinyvit.nn.functional", "normal_cdf"),
          ("tinyvit.nn.functional", "normal_pdf"), ("tinyvit.nn.layers", "TANH_A"),
@@ -191,8 +204,6 @@ Return dx, shaped as x. The normal CDF and density are normal_cdf and normal_pdf
         "scaled by 1/(1 - p).",
         """The cache: mask = self._take_cache(): 0 or 1/(1-p) per entry, shaped as x, or the
 number 1.0 when nothing was dropped (eval mode, or p = 0). dout: shaped as x. Return dx.""",
-        ("dx has x's shape", "y = x * mask with the mask fixed by the forward: dx = dout * mask, "
-                             "the same mask, never drawn again"),
         (*cases(_dropout, (3, 7), (2, 5, 9), (1, 4)),
          lambda make: _dropout(make, (2, 3), p=0.0)),  # nothing dropped: the cache is 1.0
     ),
@@ -202,9 +213,6 @@ number 1.0 when nothing was dropped (eval mode, or p = 0). dout: shaped as x. Re
         "y = x + f(x) for a branch f (a Sequential of layers).",
         """No cache of its own. self.branch.backward(d) is the branch's backward: it returns the
 branch's input gradient for an upstream gradient d. dout: shaped as x. Return dx.""",
-        ("dx has x's shape, and so does the branch's input gradient",
-         "x is used twice, by the skip and by the branch: dy/dx = I + df/dx, so "
-         "dx = dout + the branch's backward of dout"),
         cases(_residual, (2, 5, 8), (1, 3, 8), (3, 1, 8)),
     ),
     Exercise(
@@ -213,10 +221,6 @@ branch's input gradient for an upstream gradient d. dout: shaped as x. Return dx
         "Images cut into P x P patches, each flattened: a reshape and a transpose, no arithmetic.",
         """The cache: the input's shape, B, C, H, W = self._take_cache(); P = self.patch_size,
 gh, gw = H // P, W // P. dout: (B, gh*gw, C*P*P). Return dx (B, C, H, W).""",
-        ("dx (B, C, H, W) holds exactly the entries of dout (B, gh*gw, C*P*P), moved back",
-         "each output entry is one input entry: undo the forward's reshape, transpose and "
-         "reshape, in reverse order (the inverse of transpose(0, 2, 4, 1, 3, 5) is "
-         "transpose(0, 3, 1, 4, 2, 5))"),
         cases(lambda make, shape: _plain(make, shape, 1.0, 4), (2, 2, 8, 8), (1, 3, 8, 12),
               (3, 1, 4, 4)),
     ),
@@ -231,10 +235,6 @@ rstd (..., 1). D = xmu.shape[-1]. dout: (..., D). Add dgamma (D,) to self.weight
 dbeta (D,) to self.bias.grad; set self.intermediate_grads = {"xhat": ..., "rstd": ...,
 "var": ..., "xmu": ..., "mean": ...}, each shaped as its intermediate (dxmu with both of
 its uses added); return dx (..., D).""",
-        ("dxhat, dxmu, dx (..., D); drstd, dvar, dmean (..., 1); dgamma, dbeta (D,)",
-         "walk up: y = gamma xhat + beta; xhat = xmu rstd (drstd sums over the features); "
-         "rstd = (var + eps)^(-1/2); var = mean(xmu^2) (a second path into xmu, added); "
-         "xmu = x - mean; mean = mean(x) (a second path into x, added)"),
         cases(_layernorm, (2, 5, 8), (1, 1, 8), (3, 7, 8)),
     ),
     Exercise(
@@ -245,10 +245,6 @@ its uses added); return dx (..., D).""",
 dout: (..., D). Add dgamma (D,) and dbeta (D,) to the parameters' .grad (self.column_sum(a, b)
 sums a * b over every axis but the last); return dx (..., D). (The library's own is
 standardize_backward, in tinyvit/nn/functional.py: write the formula yourself.)""",
-        ("dgamma, dbeta (D,); g = dout * gamma and dx (..., D); the row means (..., 1)",
-         "dgamma = sum of dout * xhat over rows, dbeta = sum of dout; with g = dout * gamma, "
-         "xhat_i depends on x_k directly and through mean and rstd: "
-         "dx = rstd (g - mean(g) - xhat mean(g xhat)), means over the features"),
         cases(_layernorm, (2, 5, 8), (1, 1, 8), (3, 7, 8)),
     ),
     Exercise(
@@ -261,9 +257,6 @@ standardize_backward, in tinyvit/nn/functional.py: write the formula yourself.)"
 Return dS (..., N). Form J (..., N, N) with J[..., j, k] = dA_j/dS_k (xp.eye helps: give it
 dtype=A.dtype), then
 dS = dA J, row by row.""",
-        ("J (..., N, N); dS and dA (..., N)",
-         "A_j = exp(S_j) / sum_k exp(S_k): dA_j/dS_k = A_j (delta_jk - A_k), so "
-         "J = diag(A) - A^T A per row, and dS_k = sum_j dA_j J[j, k]"),
         SOFTMAX_CASES,
         (("tinyvit.backend", "xp"),),
     ),
@@ -273,9 +266,6 @@ dS = dA J, row by row.""",
         "The same backward without forming J: one line, N times fewer operations per row.",
         """A: the forward's output (..., N). dA: (..., N). Return dS (..., N), without an
 (N, N) array.""",
-        ("dS, A and dA (..., N); one sum per row (..., 1)",
-         "dS_k = sum_j dA_j A_j (delta_jk - A_k) = A_k (dA_k - sum_j dA_j A_j): every row "
-         "of dS then sums to zero"),
         SOFTMAX_CASES,
         (("tinyvit.backend", "xp"),),
     ),
@@ -288,10 +278,6 @@ dS = dA J, row by row.""",
 A, Ad (B, NH, Q, N). dctx: (B, NH, Q, Dh). self.scale is 1/sqrt(Dh);
 self.attn_drop.backward(d) is dropout's backward; softmax_backward(A, dA) is the library's
 exercise 11. Return dq, dk, dv, shaped as q, k, v.""",
-        ("dAd, dA, dS (B, NH, Q, N); dq (B, NH, Q, Dh); dk, dv (B, NH, N, Dh)",
-         "by the matmul rule (Y = X Z: dX = dY Z^T, dZ = X^T dY): dAd = dctx v^T, dv = Ad^T dctx; "
-         "dA = dropout's backward of dAd; dS = softmax's backward of dA; S = (q k^T) scale: "
-         "dq = dS k scale, dk = dS^T q scale"),
         (lambda make: _attention(make, (2, 5, 8)),
          lambda make: _attention(make, (1, 17, 12), heads=4, attn_dropout=0.3),
          lambda make: _attention(make, (3, 1, 8)),
@@ -305,8 +291,6 @@ exercise 11. Return dq, dk, dv, shaped as q, k, v.""",
         "splits the gradient back into heads.",
         """dctx: (B, N, NH*Dh), the gradient of the merged heads; num_heads: NH.
 Return the gradient of ctx, (B, NH, N, Dh).""",
-        ("(B, N, NH*Dh) in, (B, NH, N, Dh) out",
-         "merge_heads only moves entries: undo its transpose and reshape, in reverse order"),
         cases(lambda make, shape: (harness.MergeHeads(make), (randn(*shape),), None),
               (2, 2, 5, 4), (1, 3, 7, 2), (3, 1, 1, 5)),
     ),
@@ -317,9 +301,6 @@ Return the gradient of ctx, (B, NH, N, Dh).""",
         "backward stacks the three gradients back into one.",
         """dq, dk, dv: each (B, NH, N, Dh). Return dqkv (B, N, 3 * NH * Dh), q's gradient in the
 first D columns, then k's, then v's, each with its heads side by side.""",
-        ("three (B, NH, N, Dh) in, one (B, N, 3D) out",
-         "split_heads reshapes to (B, N, 3, NH, Dh) and transposes to (3, B, NH, N, Dh): "
-         "stack dq, dk, dv on a new first axis and undo both"),
         cases(lambda make, shape, heads=2: (harness.SplitHeads(make, heads), (randn(*shape),),
                                             None),
               (2, 5, 24), (1, 7, 12), (3, 1, 24)),
@@ -333,9 +314,6 @@ first D columns, then k's, then v's, each with its heads side by side.""",
 self.proj_drop: Dropout; self.attend_backward(dctx) is exercise 12; split_heads_grad and
 merge_qkv_grads are exercises 13 and 14 (the library's, imported above).
 dout: (B, N, D). Return dx (B, N, D).""",
-        ("dout, the projection's input gradient and dx (B, N, D); the heads (B, NH, N, Dh)",
-         "the forward's steps in reverse, each step's backward taking the gradient the next "
-         "step's gave: proj_drop, proj, split the heads, attend_backward, merge q, k, v, qkv"),
         (lambda make: _attention(make, (2, 5, 8)),
          lambda make: _attention(make, (1, 17, 12), heads=4, attn_dropout=0.2, proj_dropout=0.3)),
         (("tinyvit.nn.layers", "merge_qkv_grads"), ("tinyvit.nn.layers", "split_heads_grad")),
@@ -345,9 +323,6 @@ dout: (B, N, D). Return dx (B, N, D).""",
         "fc1 (D -> Dm), GELU, dropout, fc2 (Dm -> D), dropout: a Sequential of five layers.",
         """No cache of its own. self.layers lists the five layers in the forward's order, each
 with its backward. dout: (B, N, D). Return dx (B, N, D).""",
-        ("(B, N, D) in and out; (B, N, Dm) between fc1 and fc2",
-         "each layer's backward takes the gradient of its output and returns that of its "
-         "input: call them from the last layer to the first"),
         (lambda make: _mlp(make, (2, 5, 8)), lambda make: _mlp(make, (1, 3, 8), dropout=0.3)),
     ),
     Exercise(
@@ -357,8 +332,6 @@ with its backward. dout: (B, N, D). Return dx (B, N, D).""",
         """No cache of its own. self.attn_residual and self.mlp_residual are Residual layers
 (exercise 6) around norm1 and attention, norm2 and the MLP. dout: (B, N, D). Return dx
 (B, N, D).""",
-        ("(B, N, D) everywhere",
-         "the two residual layers in reverse order: the MLP's first, then the attention's"),
         (lambda make: _block(make, (2, 5, 8)), lambda make: _block(make, (1, 3, 8), dropout=0.2)),
     ),
     Exercise(
@@ -374,13 +347,6 @@ self.norm, the pooling (self.config.pool: "cls" or "mean"), self.blocks (reverse
 self.pos_drop; add the class token's gradient (1, 1, D) and the position embedding's
 (1, G^2 + 1, D) to their .grad; return self.patch_embed's backward of the patch rows:
 dx (B, C, H, W). The pooling's derivation: """ + derivation("Pooling and the head") + ".",
-        ("dfeatures, dpooled (B, D); the last block's output gradient (B, N, D); the tokens' "
-         "gradient below the blocks (B, G^2 + 1, D); cls_token (1, 1, D); pos_embed "
-         "(1, G^2 + 1, D)",
-         "cls pooling reads token 0, so its row gets dpooled and the others zero; mean "
-         "pooling reads the mean of the patch tokens, so each gets dpooled / (N - 1); the "
-         "class token and the position embedding were added to every image: their gradients "
-         "are sums over the batch"),
         (lambda make: _vit(make, 2, "cls"), lambda make: _vit(make, 1, "mean"),
          lambda make: _vit(make, 2, "mean", dropout=0.2)),
         (("tinyvit.backend", "xp"),),
@@ -393,9 +359,6 @@ dx (B, C, H, W). The pooling's derivation: """ + derivation("Pooling and the hea
         """The cache: log_probs, t = self._take_cache(): log softmax of the logits (B, K) and
 the target distributions (B, K), each row summing to 1. dout: the upstream gradient of the
 loss, a number (1.0 when the loss is the end). Return dlogits (B, K).""",
-        ("dlogits (B, K), like the logits", "L = -(1/B) sum_b sum_k t_bk (z_bk - log sum_j "
-         "exp z_bj): dL/dz_bk = (p_bk sum_j t_bj - t_bk) / B = (p_bk - t_bk) / B, "
-         "p = softmax(z) = exp(log_probs)"),
         (lambda make: _loss(make, 4, 5, False), lambda make: _loss(make, 3, 6, True),
          lambda make: _loss(make, 1, 3, False)),
         (("tinyvit.backend", "xp"),),
@@ -409,9 +372,6 @@ loss, a number (1.0 when the loss is the end). Return dlogits (B, K).""",
         """dwindows: (..., kh, kw, Ho, Wo), the gradient of sliding_windows' view; dxpad:
 (..., Hp, Wp), zeros to add into (write into it and return it); stride: (sh, sw). Window
 entry [..., i, j, ho, wo] was read from pixel [..., sh*ho + i, sw*wo + j].""",
-        ("dxpad (..., Hp, Wp); one kernel offset (i, j) gives a (..., Ho, Wo) slab",
-         "for each kernel offset (i, j), add dwindows[..., i, j, :, :] into the strided slice "
-         "dxpad[..., i : i + sh*Ho : sh, j : j + sw*Wo : sw]"),
         (lambda make: (harness.Windows(make, (3, 3), (2, 2), (1, 1)), (randn(2, 3, 7, 7),), None),
          lambda make: (harness.Windows(make, (2, 2), (1, 1), (0, 0)), (randn(1, 2, 5, 6),), None),
          lambda make: (harness.Windows(make, (3, 2), (1, 2), (1, 0)), (randn(2, 1, 4, 5),), None)),
@@ -426,10 +386,6 @@ U = C*kh*kw, M = B*Ho*Wo; the weight as the matrix the forward multiplied by, (F
 (F, 1) under weight standardization, else None; the padded input's shape (C, B, Hp, Wp).
 dout: (B, F, Ho, Wo). Add db (F,) and dW (F, C, kh, kw) to the parameters' .grad; return dx
 (B, C, H, W). col2im (exercise 21), unpad_spatial and standardize_backward are imported.""",
-        ("dy (F, M) from dout; dW2 (F, U); dcols (U, M); dxpad (C, B, Hp, Wp)",
-         "y = W2 cols + b: db = dy summed over M, dW2 = dy cols^T, dcols = W2^T dy; the columns "
-         "go back by col2im (their order: (C, kh, kw, B, Ho, Wo)); the padding is dropped; "
-         "under weight standardization dW2 goes back through w_hat = (W - mean) rstd"),
         (lambda make: _conv(make, (2, 3, 7, 7), 3, 4, 3, 2, 1),
          lambda make: _conv(make, (1, 3, 6, 5), 3, 4, 3, 1, 1),
          lambda make: _conv(make, (2, 3, 5, 5), 3, 4, 3, 1, 1, bias=False,
@@ -446,9 +402,6 @@ dout: (B, F, Ho, Wo). Add db (F,) and dW (F, C, kh, kw) to the parameters' .grad
         """The cache (training): xhat, rstd, V = self._take_cache(): xhat (B, C, H, W), rstd
 (1, C, 1, 1), V = B*H*W the values of a channel. dout: (B, C, H, W). Add dgamma (C,) and
 dbeta (C,) to the parameters' .grad; return dx (B, C, H, W).""",
-        ("dgamma, dbeta (C,); g = dout * gamma and dx (B, C, H, W); the means (1, C, 1, 1)",
-         "LayerNorm's derivation with the means over (B, H, W) per channel: "
-         "dx = rstd (g - mean(g) - xhat mean(g xhat))"),
         (lambda make: _norm(make, (2, 3, 4, 5), 3), lambda make: _norm(make, (3, 2, 3, 3), 2),
          lambda make: _norm(make, (1, 4, 3, 2), 4)),
     ),
@@ -460,11 +413,6 @@ dbeta (C,) to the parameters' .grad; return dx (B, C, H, W).""",
 winning entry of each window in row-major window order (i * kw + j); the padded input's
 shape (B, C, Hp, Wp). dout: (B, C, Ho, Wo). Return dx (B, C, H, W). col2im and
 unpad_spatial are imported.""",
-        ("dwindows (B, C, kh, kw, Ho, Wo), zero but at each window's argmax; dxpad "
-         "(B, C, Hp, Wp)",
-         "y is the window's entry at argmax: it gets the whole gradient, the other entries "
-         "none; col2im adds each window's gradients back into the pixels (summing where "
-         "windows overlap)"),
         (lambda make: _norm(make, (2, 3, 7, 7), 3, 2, 1),
          lambda make: _norm(make, (1, 2, 4, 6), 2),
          lambda make: _norm(make, (2, 2, 5, 7), (2, 3), (1, 2), (1, 1))),

@@ -1,7 +1,8 @@
 """The last exercise: the MNIST preset trained on the learner's own backward passes.
 
 The model is built twice from one seed: once of the library's layers, once with
-every layer that the learner has written taking the learner's class (a class swap,
+every layer whose exercise passed its check taking the learner's class (the library's
+stays wherever the learner has not got there yet) (a class swap,
 as ``tinyvit.fast.accelerate`` does it), whose methods call the learner's functions
 where their files import the library's (the softmax backward, splitting and merging
 the heads' gradients). Both train step by step, side by side, on the same batches
@@ -22,7 +23,8 @@ from ..models import create_model
 from ..nn.loss import SoftmaxCrossEntropy
 from ..nn.optim import AdamW
 from ..train.gradients import loss_and_gradients
-from .checking import MARKER, ExerciseFailed, Progress, load_exercise
+from . import pictures
+from .checking import MARKER, ExerciseFailed, Progress, load_exercise, load_notebook
 from .exercises import EXERCISES, STEPS, TRAINING
 
 BATCH, LR, AGREE = 32, 1e-3, 1e-6  # the losses must agree to AGREE, relative, at every step
@@ -30,17 +32,19 @@ NEEDED = range(1, TRAINING)  # the exercises of the Vision Transformer's track
 
 
 def check_training(folder):
-    """Train the MNIST preset on the learner's layers of the workbook in ``folder`` and
-    on the library's, side by side; raise ``ExerciseFailed`` where the losses part."""
+    """Train the MNIST preset on the learner's layers of the workbook in ``folder`` (those
+    whose exercises passed their checks; the library's elsewhere) and on the library's,
+    side by side; raise ``ExerciseFailed`` where the losses part. Either way the two loss
+    curves and the gradient norms are drawn beside the workbook's files."""
     __tracebackhide__ = True  # pytest shows the paragraph, not these frames
     progress = Progress(folder)
-    missing = [n for n in NEEDED if progress.read().get(n) != "pass"]
-    if missing:
+    passed = [n for n in NEEDED if progress.read().get(n) == "pass"]
+    if not passed:
         progress.record(TRAINING, "blank")
-        raise ExerciseFailed(f"exercise {TRAINING} trains on your layers: pass exercises "
-                             f"{', '.join(map(str, missing))} first (python -m tinyvit.learn "
-                             f"status {folder})")
-    yours = _learners_classes(folder)
+        raise ExerciseFailed(f"exercise {TRAINING} trains on your layers where they pass their "
+                             f"checks: none of exercises 1-{TRAINING - 1} has passed yet "
+                             f"(python -m tinyvit.learn status {folder})")
+    yours, mine = _learners_classes(folder, passed)
     with using_backend("numpy"), default_dtype("float64"):
         try:
             batches = _batches(folder)
@@ -48,41 +52,70 @@ def check_training(folder):
             raise ExerciseFailed(f"exercise {TRAINING} trains on MNIST: {error} (write the "
                                  f"folder of the files into {folder / MARKER}, or set "
                                  "TINYVIT_DATA)") from None
-        library, mine = _losses(yours, batches)
-    parted = np.flatnonzero(_apart(library, mine))
+        library, losses, norms = _losses(yours, batches)
+    picture = pictures.training(library, losses, norms, folder / pictures.TRAINING_PICTURE,
+                                f"yours: {mine}")
+    parted = np.flatnonzero(_apart(library, losses))
     steps = len(library)
-    table = [f"step {s:>3}: yours {mine[s]:.10f}, the library's {library[s]:.10f}"
+    table = [f"step {s:>3}: yours {losses[s]:.10f}, the library's {library[s]:.10f}"
              for s in sorted({0, steps // 4, steps // 2, 3 * steps // 4, steps - 1})]
+    whose = (f"yours: {mine}; the library's: every other layer (exercises not passed: "
+             f"{', '.join(str(n) for n in NEEDED if n not in passed) or 'none'})")
+    drawn = f"The curves, drawn: {picture}"
     if parted.size:
         step = int(parted[0])
         progress.record(TRAINING, "fail")
         raise ExerciseFailed("\n".join([
             f"exercise {TRAINING} (training): the loss curves part at step {step}: yours "
-            f"{mine[step]:.10f}, the library's {library[step]:.10f}; a backward that passed its "
-            "checks is still wrong somewhere the checks did not look (run every exercise "
-            "again: python -m pytest)", *table]))
+            f"{losses[step]:.10f}, the library's {library[step]:.10f}; a backward that passed "
+            "its checks is still wrong somewhere the checks did not look (run every exercise "
+            "again: python -m pytest)", whose, *table, drawn]))
     progress.record(TRAINING, "pass")
     print("\n".join([f"exercise {TRAINING} (training): PASS, {steps} steps of the MNIST preset "
                      f"on your backward passes, the same losses as the library's to {AGREE:g}",
-                     *table]))
+                     whose, *table, drawn]))
 
 
-def _learners_classes(folder):
-    """{the library's class: the learner's} from the workbook's files; Attention takes
-    both of the learner's methods (its core, exercise 12; the layer, exercise 15)."""
-    functions = {ex.reference: getattr(load_exercise(folder / ex.filename), ex.yours)
-                 for ex in EXERCISES if ex.number in NEEDED and ex.is_function}
-    classes = {}
-    for ex in EXERCISES:  # the first exercise of a method wins: GELU's exact form, not tanh's
+def _learners_classes(folder, passed):
+    """{the library's class: the learner's} for the exercises in ``passed``, read from
+    the workbook's files (``written``), and what they are, said; Attention takes both of
+    the learner's methods where both passed (its core, exercise 12; the layer, 15)."""
+    functions = {ex.reference: getattr(written(folder, ex), ex.yours)
+                 for ex in EXERCISES if ex.number in passed and ex.is_function}
+    firsts = {}  # the first exercise of a method: GELU's exact form, not tanh's
+    for ex in EXERCISES:
         if ex.number in NEEDED and ex.method:
-            module = load_exercise(folder / ex.filename)
-            for name, value in list(vars(module).items()):  # the learner's, where imported
-                if callable(value) and value in functions:
-                    setattr(module, name, functions[value])
-            classes.setdefault(ex.reference, {}).setdefault(ex.method, getattr(module, ex.yours))
-    return {reference: type(f"Your{reference.__name__}", (reference,),
-                            {name: cls.__dict__[name] for name, cls in methods.items()})
-            for reference, methods in classes.items()}
+            firsts.setdefault((ex.reference, ex.method), ex)
+    classes, names = {}, []
+    for ex in firsts.values():
+        if ex.number not in passed:
+            continue
+        module = written(folder, ex)
+        for name, value in list(vars(module).items()):  # the learner's, where imported
+            if callable(value) and value in functions:
+                setattr(module, name, functions[value])
+        classes.setdefault(ex.reference, {})[ex.method] = getattr(module, ex.yours)
+        names.append(f"{ex.title} ({ex.number})")
+    names += [f"{ex.yours} ({ex.number}, inside your layers that call it)"
+              for ex in EXERCISES if ex.reference in functions]
+    yours = {reference: type(f"Your{reference.__name__}", (reference,),
+                             {name: cls.__dict__[name] for name, cls in methods.items()})
+             for reference, methods in classes.items()}
+    return yours, ", ".join(names)
+
+
+def written(folder, ex):
+    """The module of the learner's code for exercise ``ex``: its ``.py`` file, or its
+    notebook where only the notebook's blank is written, or it was written last."""
+    files = [folder / ex.filename, folder / ex.notebook]
+    done = [path for path in files if path.is_file() and _is_written(path, ex)]
+    path = max(done, key=lambda p: p.stat().st_mtime) if done else files[0]
+    return load_notebook(path) if path.suffix == ".ipynb" else load_exercise(path)
+
+
+def _is_written(path, ex):
+    blank = f"raise NotImplementedError(\"exercise {ex.number}: write"
+    return blank not in path.read_text()
 
 
 def _batches(folder):
@@ -97,16 +130,19 @@ def _batches(folder):
 def _losses(yours, batches):
     """The losses of the MNIST preset (mean-pooled) from seed 0, step by step, of the
     library's layers and of the learner's (``yours``), up to the first step at which
-    they part, or to the end."""
+    they part, or to the end; and the gradient norm of each part of the learner's model
+    at each step ({part: [norm]})."""
     library, mine = _Trainer({}), _Trainer(yours)
-    losses = []
+    losses, norms = [], {}
     with tqdm(batches.epoch(0), total=len(batches), desc=f"exercise {TRAINING}", unit="step",
               leave=False) as bar:
         for step, (x, y) in enumerate(bar):
             losses.append((library.step(x, y, step), mine.step(x, y, step)))
+            for part, norm in mine.norms.items():
+                norms.setdefault(part, []).append(norm)
             if _apart(*losses[-1]):
                 break
-    return np.array(losses).T
+    return (*np.array(losses).T, norms)
 
 
 def _apart(library, mine):
@@ -128,7 +164,14 @@ class _Trainer:
         self.optimizer = AdamW(self.model, lr=LR, weight_decay=0.05)
 
     def step(self, x, y, step):
-        """One training step; returns its loss."""
+        """One training step; returns its loss, and keeps each part's gradient norm
+        (``norms``: the class token and the position embedding, each block, the rest)."""
         loss, _ = loss_and_gradients(self.model, self.criterion, x, y, seed=(0, step))
+        squares = {}
+        for name, p in self.model.named_parameters():
+            part = ".".join(name.split(".")[:2]) if name.startswith("blocks.") else \
+                name.split(".")[0]
+            squares[part] = squares.get(part, 0.0) + float((p.grad * p.grad).sum())
+        self.norms = {part: square ** 0.5 for part, square in squares.items()}
         self.optimizer.step()
         return float(loss)

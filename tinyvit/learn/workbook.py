@@ -2,7 +2,7 @@
 with its backward blank between two markers, the forward it differentiates quoted
 from the library, and a test that checks it; a README, a pytest.ini and the
 workbook's settings. The blanks' solutions are the library's own code, read from it
-when asked for (``solution``), so they cannot go stale."""
+when asked for (``solution.py``), so they cannot go stale."""
 
 import ast
 import inspect
@@ -77,8 +77,9 @@ def _imports(ex):
     return "".join(f"from {m} import {', '.join(sorted(names))}\n" for m, names in modules.items())
 
 
-def render(ex):
-    """The file of an exercise, its blank empty."""
+def answer(ex):
+    """The code the learner writes in: the class (or function) with its backward blank
+    between the markers; the same in the exercise's file and in its notebook."""
     what = _what(ex)
     body = _wrap(ex.task, 86, "# ")
     blank = (f"{BEGIN.format(what=what)}\n"
@@ -87,14 +88,26 @@ def render(ex):
              f"{END.format(what=what)}")
     code = textwrap.indent(f"{body}\n{blank}", "    ")
     if ex.method:
-        code = f"class {ex.yours}({ex.reference.__name__}):\n    {_signature(ex)}\n" \
+        return f"class {ex.yours}({ex.reference.__name__}):\n    {_signature(ex)}\n" \
                + textwrap.indent(code, "    ")
-        reference = f"from {ex.reference.__module__} import {ex.reference.__name__}\n"
-    else:
-        code = f"{_signature(ex)}\n{code}"
-        reference = ""
+    return f"{_signature(ex)}\n{code}"
+
+
+def imports(ex):
+    """The imports the learner's code needs: the library's layer, and the names it uses."""
+    reference = f"from {ex.reference.__module__} import {ex.reference.__name__}\n" \
+        if ex.method else ""
+    return reference + _imports(ex)
+
+
+def heading(ex):
+    return f"Exercise {ex.number} of {TOTAL}: {ex.title} ({TRACKS[ex.track]})"
+
+
+def render(ex):
+    """The file of an exercise, its blank empty."""
     forward = getattr(ex.forward, "__qualname__", "")
-    return f'''"""Exercise {ex.number} of {TOTAL}: {ex.title} ({TRACKS[ex.track]}).
+    return f'''"""{heading(ex)}.
 
 {_wrap(ex.intro, 88)}
 
@@ -102,14 +115,14 @@ def render(ex):
 """
 
 from tinyvit.learn import check
-{reference}{_imports(ex)}
+{imports(ex)}
 # The forward you differentiate, as tinyvit computes it:
 # {ex.forward.__module__}.{forward}
 #
 {_quoted(ex.forward)}
 
 
-{code}
+{answer(ex)}
 
 
 def test_{ex.name}():
@@ -120,11 +133,13 @@ def test_{ex.name}():
 TRAINING_FILE = f"ex{TRAINING:02d}_training.py"
 TRAINING_TEMPLATE = f'''"""Exercise {TRAINING} of {TOTAL}: training on your own backward passes.
 
-The MNIST preset (mean-pooled), built from your classes of exercises 1-19 where the
-model has such a layer, trains for {STEPS} steps in float64 beside the same model of
-the library's layers, from the same weights on the same batches: the two loss curves
-must be the same. Nothing to write: pass exercises 1-19 first. The MNIST files come
-from the data_dir of learn.json, else $TINYVIT_DATA, else the cache (or a download).
+The MNIST preset (mean-pooled), built from your classes of exercises 1-19 that pass
+their checks where the model has such a layer (the library's elsewhere), trains for
+{STEPS} steps in float64 beside the same model of the library's layers, from the same
+weights on the same batches: the two loss curves must be the same. Nothing to write:
+it runs once any of exercises 1-19 passes, and says which layers are yours; the curves
+and each part's gradient norm are drawn to ex{TRAINING:02d}_training.png. The MNIST files
+come from the data_dir of learn.json, else $TINYVIT_DATA, else the cache (or a download).
 """
 
 from pathlib import Path
@@ -146,7 +161,7 @@ def _how(ex):
             f"own. The derivation: {derivation(ex.section)}.")
 
 
-def solution(ex):
+def reference_source(ex):
     """The library's own code for an exercise: its method's or function's source."""
     target = getattr(ex.reference, ex.method) if ex.method else ex.reference
     return textwrap.dedent(inspect.getsource(target))
@@ -155,7 +170,7 @@ def solution(ex):
 def fill(text, ex):
     """``text`` (an exercise's file) with its blank filled by the library's own code,
     as a learner who got it right would have it (the names it uses imported)."""
-    body = textwrap.dedent("\n".join(_body(solution(ex))))
+    body = textwrap.dedent("\n".join(_body(reference_source(ex))))
     begin, end = BEGIN.format(what=_what(ex)), END.format(what=_what(ex))
     head, rest = text.split(begin)
     _, tail = rest.split(end)
@@ -204,8 +219,13 @@ says, in one paragraph, the fix where one edit or two of your own lines make eve
 right (searched among the mistakes learners make, and checked before it is said), which
 gradient, where in it, what it looks like (a mean taken for a sum, a scale or a term
 missing, a transpose, a sign, a broken invariant) and which section of docs/backprop.md
-derives it. From a notebook, `from tinyvit.learn import check` and
-`check(MyLinear)` do the same.
+derives it; where it compared your gradient with tinyvit's, the difference is drawn beside
+the file (`ex01_linear.difference.png`: yours minus the right one, the worst entries outlined).
+
+Each exercise is also a notebook (`ex01_linear.ipynb`, `jupyter lab ex01_linear.ipynb`): the
+derivation beside the blank, the picture of where the layer sits (`ex01_linear.where.png`), a
+check cell, a hint cell and a cell that compares your numbers with tinyvit's. Write an exercise
+in either; the training exercise takes your class from the one you wrote last.
 
 The derivations: {BACKPROP if BACKPROP.is_file() else "docs/backprop.md in tinyvit's repository"},
 one section per layer.

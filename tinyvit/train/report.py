@@ -5,7 +5,8 @@ import json
 
 from ..data import dataset_info
 from ..files import atomic_write
-from ..viz import plot
+from ..viz.charts import Panel, Series, line_chart
+from ..viz.matrices import heatmap
 from .evaluate import confusion_matrix
 
 
@@ -17,12 +18,12 @@ def write_metrics(out, history, extra=None):
     epochs = [row["epoch"] for row in history]
 
     def series(key):
-        return [plot.Series(split, epochs, [r[f"{split}_{key}"] for r in history], style="both")
+        return [Series(split, epochs, [r[f"{split}_{key}"] for r in history], style="both")
                 for split in ("train", "test")]
 
-    plot.line_chart(
-        [plot.Panel("loss", "epoch", "cross-entropy", series("loss")),
-         plot.Panel("accuracy", "epoch", "accuracy", series("acc"))],
+    line_chart(
+        [Panel("loss", "epoch", "cross-entropy", series("loss")),
+         Panel("accuracy", "epoch", "accuracy", series("acc"))],
         out / "curves.png",
         title=f"training curves ({out.name})",
     )
@@ -38,7 +39,7 @@ def write_final_report(out, dataset, history, evaluation):
                  for i, name in enumerate(classes)}
     write_metrics(out, history, {"per_class_accuracy": per_class,
                                  "confusion_matrix": counts.tolist()})
-    plot.heatmap(counts, out / "confusion.png",
+    heatmap(counts, out / "confusion.png",
                  title=f"confusion matrix (test accuracy {test_acc:.2%})",
                  xlabel="predicted", ylabel="true", xticklabels=classes, yticklabels=classes)
     print("per-class test accuracy: " + ", ".join(f"{k} {v:.3f}" for k, v in per_class.items()))

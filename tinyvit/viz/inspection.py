@@ -39,7 +39,10 @@ import numpy as np  # host-side analysis and pictures only
 
 from ..backend import to_device, to_host, xp
 from ..nn.functional import softmax
-from . import plot
+from .canvas import FRAME, INK
+from .charts import Panel, Series, line_chart
+from .images import image_grid, overlay
+from .matrices import heatmap_grid
 
 PICTURES = ("filters.png", "pos_embed_similarity.png", "attention_distance.png",
             "attention_maps.png")
@@ -271,7 +274,7 @@ def plot_patch_embed_filters(model, path, k=28):
     which = "the stem's first convolution" if model.config.stem else "patch-embedding"
     tiles = [_channels_last(c) for c in components]
     titles = [f"PC{i + 1}  {100 * r:.1f}%" for i, r in enumerate(ratios)]
-    return plot.image_grid(
+    return image_grid(
         tiles, path, cols=min(7, len(tiles)), tile_titles=titles,
         scale=math.ceil(TILE_PX * 0.75 / P),
         title=f"{which} filters: top {len(tiles)} principal components of the "
@@ -288,7 +291,7 @@ def plot_pos_embed_similarity(model, path):
     G = sim.shape[0]
     factor = max(1, 72 // G)
     tiles = sim.repeat(factor, axis=2).repeat(factor, axis=3)  # (G, G, G*f, G*f)
-    return plot.heatmap_grid(
+    return heatmap_grid(
         tiles, path, row_labels=range(1, G + 1), col_labels=range(1, G + 1),
         row_title="input patch row", col_title="input patch column",
         cmap="coolwarm", vmin=-1.0, vmax=1.0,
@@ -306,18 +309,18 @@ def plot_attention_distance(distances, path, token_size, image_size, num_images)
     layers = np.arange(1, depth + 1)
     uniform = patch_distances(round(image_size / token_size), token_size).mean()
 
-    heads = [plot.Series(f"head {h + 1}", layers, distances[:, h], style="markers")
+    heads = [Series(f"head {h + 1}", layers, distances[:, h], style="markers")
              for h in range(NH)]
-    heads.append(plot.Series("mean of heads", layers, distances.mean(axis=1), color=plot.INK))
+    heads.append(Series("mean of heads", layers, distances.mean(axis=1), color=INK))
     references = [
-        plot.Series(f"uniform attention ({uniform:.1f} px)", [1, depth], [uniform, uniform],
-                    color=plot.FRAME),
-        plot.Series("own patch only (0 px)", [1, depth], [0.0, 0.0], color=(200, 200, 200)),
+        Series(f"uniform attention ({uniform:.1f} px)", [1, depth], [uniform, uniform],
+               color=FRAME),
+        Series("own patch only (0 px)", [1, depth], [0.0, 0.0], color=(200, 200, 200)),
     ]
     xlabel, ylabel = "network depth (layer)", "mean attention distance (pixels)"
-    return plot.line_chart(
-        [plot.Panel("from 0, with references", xlabel, ylabel, heads + references),
-         plot.Panel("zoomed in on the heads", xlabel, ylabel, heads)],
+    return line_chart(
+        [Panel("from 0, with references", xlabel, ylabel, heads + references),
+         Panel("zoomed in on the heads", xlabel, ylabel, heads)],
         path, panel_size=(520, 400),
         title=f"mean attention distance between query and key patches: {depth} layers x {NH} "
               f"heads, {num_images} images of {image_size}x{image_size} px, {token_size:g} px "
@@ -347,12 +350,12 @@ def plot_attention_maps(model, images, path, class_names=None):
     tiles, titles = [], []
     for b, image in enumerate(to_host(images)):
         base = _repeat_pixels(_channels_last(image.astype(np.float64)), factor)
-        tiles += [base, plot.overlay(base, rollout[b], alpha=0.6)]
+        tiles += [base, overlay(base, rollout[b], alpha=0.6)]
         titles += [_input_caption(probs[b], class_names), "rollout"]
         for h in range(num_heads):
-            tiles.append(plot.overlay(base, heads[b, h], alpha=0.6))
+            tiles.append(overlay(base, heads[b, h], alpha=0.6))
             titles.append(f"head {h + 1}  {heads[b, h].sum():.0%}")
-    return plot.image_grid(
+    return image_grid(
         tiles, path, cols=2 + num_heads, tile_titles=titles, scale=1,
         title=f"{READOUT[model.config.pool]} attention: rollout over all {depth} layers, then "
               f"layer {depth}'s heads (% on patches)",
