@@ -56,8 +56,8 @@ from .compile import (
     launch_rows,
     scalars,
 )
-from .cpu import FastKernel
 from .cublas import matmul
+from .kernel import FastKernel
 
 # kernels/attention.cu's limits: the most tokens, the largest head, a block's warps; and
 # the shared memory a block may have without asking the driver for more
