@@ -51,10 +51,10 @@ def _horner(x, coefficients):
     return total
 
 
-def erfc_nonnegative(a, gauss):
-    """erfc(a) for a >= 0, given gauss = exp(-a^2): ``ERFC_T``'s polynomial in
-    t = 1 / (1 + p a), multiplies and adds and one division."""
-    t = a * ERFC_P
+def erfc_nonnegative(a, gauss, scale=1.0):
+    """erfc(scale a) for a >= 0, given gauss = exp(-(scale a)^2): ``ERFC_T``'s
+    polynomial in t = 1 / (1 + p scale a), multiplies and adds and one division."""
+    t = a * (ERFC_P * scale)
     t += 1.0
     xp.divide(1.0, t, out=t)
     tail = _horner(t, ERFC_T)
@@ -65,9 +65,8 @@ def erfc_nonnegative(a, gauss):
 
 def erf32(z):
     """erf(z) for float32 z, within 1.5e-7 of math.erf over the whole float32 range,
-    about two float32 spacings near 1 (tests/test_fast.py measures it): z P(z^2) for |z| <= 1, else
-    sign(z) (1 - erfc(|z|)). For GELU, whose large values are x, not erf, the erfc
-    form alone is accurate enough (``gelu_erf``)."""
+    about two float32 spacings near 1 (tests/test_fast.py measures it): z P(z^2) for
+    |z| <= 1, else sign(z) (1 - erfc(|z|)) by the erfc that GELU uses."""
     a = xp.abs(z)
     with xp.errstate(over="ignore", invalid="ignore"):  # large |z|: near is not used there
         z2 = z * z  # inf beyond 1.8e19, and exp(-inf) = 0 below
@@ -75,23 +74,22 @@ def erf32(z):
         near *= z
     xp.negative(z2, out=z2)
     gauss = xp.exp(z2, out=z2)  # exp(-z^2)
-    far = erfc_nonnegative(a, gauss)
-    xp.subtract(1.0, far, out=far)
-    xp.copysign(far, z, out=far)
-    return xp.where(a <= 1.0, near, far)
+    erf = erfc_nonnegative(a, gauss)
+    xp.subtract(1.0, erf, out=erf)
+    xp.copysign(erf, z, out=erf)
+    xp.copyto(erf, near, where=a <= 1.0)
+    return erf
 
 
 # -- GELU -------------------------------------------------------------------------------
-
-_HALF_ERFC_T = tuple(0.5 * c for c in ERFC_T)
 
 
 def gelu_erf(x, y, dydx):
     """y = x Phi(x) and, unless dydx is None, dydx = Phi(x) + x phi(x), written in place.
 
-    float32 by ``ERFC_T``, with a = |x| and tail = Phi(-a) = erfc(a / sqrt 2) / 2:
-        x Phi(x) = max(x, 0) - a tail    (x >= 0: x - x Phi(-x);  x < 0: x Phi(x))
-        Phi(x)   = H(x) - sign(x) tail   (H the step, H(0) = 1/2)
+    float32 by ``erfc_nonnegative``, with a = |x| and tail = Phi(-a) = erfc(a / sqrt 2) / 2:
+        x Phi(x) = max(x, 0) - a tail        (x >= 0: x - x Phi(-x);  x < 0: x Phi(x))
+        Phi(x)   = 1/2 + sign(x) (1/2 - tail)
     float64 by the exact erf.
     """
     if x.dtype == xp.float64:
@@ -104,20 +102,17 @@ def gelu_erf(x, y, dydx):
     gauss = a * a
     gauss *= -0.5
     xp.exp(gauss, out=gauss)  # exp(-x^2/2)
-    t = a * (ERFC_P * SQRT_HALF)
-    t += 1.0
-    xp.divide(1.0, t, out=t)
-    tail = _horner(t, _HALF_ERFC_T)
-    tail *= t
-    tail *= gauss  # Phi(-|x|)
+    tail = erfc_nonnegative(a, gauss, SQRT_HALF)
+    tail *= 0.5  # Phi(-|x|)
     xp.maximum(x, 0.0, out=y)
-    xp.multiply(a, tail, out=t)  # t's memory, free again
-    y -= t
     if dydx is not None:
-        xp.heaviside(x, 0.5, out=dydx)
-        xp.sign(x, out=a)
-        a *= tail
-        dydx -= a
+        xp.sign(x, out=dydx)
+    a *= tail
+    y -= a
+    if dydx is not None:
+        xp.subtract(0.5, tail, out=tail)
+        dydx *= tail
+        dydx += 0.5
         gauss *= x
         gauss *= INV_SQRT_2PI  # x phi(x)
         dydx += gauss
