@@ -5,8 +5,9 @@
 
 Each row is one op on float32 arrays of a batch of 128 images of 65 tokens (config C of
 benchmark.py: M = 8320 rows, D = 192, the MLP 384 wide, 3 heads of 64; the attention rows
-at 4 heads of 32 as config B's, 512 (image, head) products), or one fast kernel's forward or
-backward against its PyTorch twin. The two run in turns, round after round, and the table
+with 4 heads of 32 over 65 tokens, 512 (image, head) products of 65 x 32 by 32 x 65), or one
+fast kernel's forward and backward against the same layer of ``tests/torch_reference.py``.
+The two run in turns, round after round, and the table
 gives each one's median, their ratio (tinyvit's time over PyTorch's), the bytes the op must
 move at least (each input read and each output written once) and the fraction of the
 measured memory bandwidth that makes, or for a product the fraction of the measured float32
@@ -24,10 +25,12 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "tests"))  # torch_reference.py
 
 from machine import machine_report, print_machine, setup_backends, torch  # noqa: E402
-from tinyvit.fast import blocks, cpu, elementwise  # noqa: E402
+from tinyvit.fast import accelerate, blocks, cpu, elementwise  # noqa: E402
 from tinyvit.nn import layers  # noqa: E402
 
 MiB = 1 << 20
@@ -141,7 +144,35 @@ def ops(batch):
     tW = torch.from_numpy(W)
     table += [("Linear (M x D) (D x Dm)", lambda: x @ W.T, lambda: tx @ tW.T,
                nsize + W.nbytes + size, 2 * M * D * Dm)]
-    return table
+    return table + layer_rows(randn(batch, 65, D), randn(batch, 65, D))
+
+
+def layer_rows(x, dy):
+    """Forward + backward of the fast kernels of config C's encoder block against the same
+    layers of tests/torch_reference.py (the FLOPs are their matmuls')."""
+    from torch_reference import TorchAttention, TorchBlock, TorchMlp
+
+    B, N, D = x.shape
+    rng = np.random.default_rng(0)
+    fast = {"MLP": accelerate(layers.MLP(D, 2 * D, rng=rng)),
+            "Attention": accelerate(layers.Attention(D, 3, rng=rng)),
+            "Block": accelerate(layers.Block(D, 3, 2.0, rng=rng))}
+    theirs = {"MLP": TorchMlp(D, 2 * D), "Attention": TorchAttention(D, 3, True),
+              "Block": TorchBlock(D, 3, 2.0, True)}
+    M = B * N
+    mlp, attention = 2 * 2 * M * D * 2 * D, 2 * M * D * 4 * D + 2 * 2 * B * N * N * D
+    flops = {"MLP": 3 * mlp, "Attention": 3 * attention, "Block": 3 * (mlp + attention)}
+    tx, tdy = torch.from_numpy(x), torch.from_numpy(dy)
+    return [(f"{name} forward + backward (fast kernel)",
+             lambda layer=layer: round_trip(layer, x, dy),
+             lambda name=name: torch_round_trip(theirs[name], tx, tdy), 0, flops[name])
+            for name, layer in fast.items()]
+
+
+def round_trip(layer, x, dy):
+    layer.zero_grad()
+    layer.forward(x)
+    layer.backward(dy)
 
 
 def gelu_backward(gelu, u, dy):
