@@ -14,7 +14,8 @@ measured memory bandwidth that makes, or for a product the fraction of the measu
 GEMM throughput. The bandwidth is the best of a large add (three arrays of 64 MiB) by
 NumPy on every core through ``tinyvit.fast.blocks`` and by PyTorch; the GEMM throughput is
 the best 2048 x 2048 product of either. Rows marked "before" time the code of the whole
-arrays, one NumPy operation after another, that the kernels replaced.
+arrays, one NumPy operation after another, that the kernels replaced; two rows time the
+reference tier's layer.
 """
 
 import argparse
@@ -85,7 +86,7 @@ def ops(batch):
     table += [
         ("GELU forward, eval (M x Dm)", lambda: gelu.eval().forward(u), lambda: F.gelu(tu),
          2 * size, 0),
-        ("  before: reference GELU", lambda: gelu_reference.eval().forward(u),
+        ("  the reference tier's GELU", lambda: gelu_reference.eval().forward(u),
          lambda: F.gelu(tu), 2 * size, 0),
         ("GELU forward, training: y and y'", gelu_train,
          lambda: F.gelu(tu), 3 * size, 0),
@@ -100,7 +101,7 @@ def ops(batch):
     table += [
         ("LayerNorm forward, eval (M x D)", lambda: norm.eval().forward(x), lambda: tnorm(tx),
          2 * nsize, 0),
-        ("  before: reference LayerNorm", lambda: norm_reference.eval().forward(x),
+        ("  the reference tier's LayerNorm", lambda: norm_reference.eval().forward(x),
          lambda: tnorm(tx), 2 * nsize, 0),
         ("LayerNorm forward + backward", lambda: norm_round_trip(norm, x, r),
          lambda: torch_round_trip(tnorm, tx, tr), 5 * nsize, 0),
