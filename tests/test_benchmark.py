@@ -279,3 +279,20 @@ def test_paired_times_two_commands_in_turn_and_stops_at_a_failure(tmp_path, caps
     assert [line.split(":")[0] for line in out] == ["A", "B", "A/B wall, pair by pair"]
     with pytest.raises(SystemExit, match=r"^paired.py: exit status 3 from: exit 3$"):
         paired.main(["-n", "1", "exit 3", "true"])
+
+
+def test_ops_prints_a_row_per_op_with_both_times(capsys):
+    """benchmarks/ops.py on a batch of 2 images: every op's row, with a time for each
+    framework, a ratio and a share of the bandwidth or of the GEMM throughput."""
+    pytest.importorskip("torch")
+    ops = load_script(SCRIPT.with_name("ops.py"))
+    ops.main(["--rounds", "1", "--repeats", "1", "--batch", "2"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    assert rows[0].startswith("| op, float32 | tinyvit ms | PyTorch ms | ratio |")
+    assert len(rows) == 1 + 23
+    for row in rows[1:]:
+        name, ours, theirs, ratio, moved, share, their_share = row.strip("| ").split(" | ")
+        assert float(ours) > 0 and float(theirs) > 0 and ratio.endswith("x")
+        assert share.endswith("%") or share.endswith("% GEMM"), row
+    with pytest.raises(SystemExit):
+        ops.main(["--batch", "0"])

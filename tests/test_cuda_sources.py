@@ -30,7 +30,7 @@ from conftest import jitter, output_shape, randn
 from cuda_mirrors import MIRRORS
 from tinyvit import backend as B
 from tinyvit.fast import compile as cuda
-from tinyvit.fast import cublas, gpu
+from tinyvit.fast import cublas, gpu, gpu_attention, gpu_mlp
 from tinyvit.models import ViT
 from tinyvit.nn import conv, layers, loss, optim
 
@@ -79,7 +79,7 @@ def test_a_compile_error_names_the_file_and_its_line():
 def test_the_fused_attention_has_the_limits_its_kernel_has():
     text = (cuda.KERNELS_DIR / "attention.cu").read_text()
     for name in ("MAX_TOKENS", "MAX_HEAD_DIM", "WARPS"):
-        assert f"#define {name} {getattr(gpu, name)}\n" in text
+        assert f"#define {name} {getattr(gpu_attention, name)}\n" in text
 
 
 def test_only_float32_and_float64_are_compiled():
@@ -116,7 +116,7 @@ def checked_kernel(name, function, dtype, run):
             check_argument(c_type, value, np.dtype(dtype), f"{function} argument {i}")
         assert all(g >= 1 for g in grid) and len(grid) <= 3 and grid[1:] <= (65535, 65535)
         assert np.prod(block) <= 1024 and np.prod(block) % 32 == 0
-        assert 0 <= shared_mem <= gpu.SHARED_BYTES
+        assert 0 <= shared_mem <= gpu_attention.SHARED_BYTES
         run(grid, block, args, shared_mem)
 
     return launch
@@ -172,7 +172,7 @@ LAYERS = [
                                      weight_standardization=True, rng=B.host_rng(0)),
      [(2, 3, 5, 8), (1, 3, 2, 3)]),
     (gpu.Attention, lambda: layers.Attention(6, 3, rng=B.host_rng(0)),
-     [(2, 5, 6), (1, 40, 6), (1, gpu.MAX_TOKENS + 1, 6)]),
+     [(2, 5, 6), (1, 40, 6), (1, gpu_attention.MAX_TOKENS + 1, 6)]),
     (gpu.ClassAttention, lambda: layers.ClassAttention(6, 2, rng=B.host_rng(0)),
      [(2, 5, 6), (3, 1, 6)]),
 ]
@@ -212,8 +212,9 @@ def test_each_gpu_layer_launches_its_kernels_as_declared(launched, cls, make, sh
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("head_dim, tokens", [(16, 33), (20, 7), (48, 65), (gpu.MAX_HEAD_DIM, 2),
-                                              (8, gpu.MAX_TOKENS)])
+@pytest.mark.parametrize("head_dim, tokens", [(16, 33), (20, 7), (48, 65),
+                                              (gpu_attention.MAX_HEAD_DIM, 2),
+                                              (8, gpu_attention.MAX_TOKENS)])
 @pytest.mark.parametrize("cls", [layers.Attention, layers.ClassAttention])
 def test_the_fused_attention_gives_the_reference(launched, cls, head_dim, tokens, dtype):
     """Heads of one lane's value and of two, sequences shorter than a warp and up to
@@ -395,7 +396,7 @@ def test_the_gpu_adamw_launches_its_kernel_as_declared(launched, dtype):
 def gpu_dropout(p, seed=0):
     layer = layers.Dropout(p)
     layer.__class__ = gpu.Dropout
-    layer.rng = gpu.step_keys(seed)
+    layer.rng = gpu_mlp.step_keys(seed)
     return layer
 
 
@@ -422,7 +423,7 @@ def test_the_gpu_dropout_mask_is_the_seed_s_and_its_number_s_alone(launched):
     a, b = gpu_dropout(0.5), gpu_dropout(0.5)
     masks = []
     for layer in (a, b):
-        gpu.step_keys(7)
+        gpu_mlp.step_keys(7)
         masks.append([layer.forward(randn(9, 13, seed=s)) != 0 for s in (1, 2)])
     assert all(np.array_equal(ours, theirs) for ours, theirs in zip(*masks))
     assert not np.array_equal(*masks[0])
@@ -431,8 +432,8 @@ def test_the_gpu_dropout_mask_is_the_seed_s_and_its_number_s_alone(launched):
 def test_the_gpu_dropout_seed_stays_where_it_was_written(mirrored):
     """Every reseeding writes the same device memory, which each mask's launch reads:
     what a captured step needs to draw new masks each step."""
-    first = gpu.step_keys(1).seed
-    assert gpu.step_keys(2).seed is first
+    first = gpu_mlp.step_keys(1).seed
+    assert gpu_mlp.step_keys(2).seed is first
     assert gpu_dropout(0.5, seed=3).rng.seed is first and first[0] == B.host_rng(3).integers(
         2**63, size=1, dtype="uint64")[0]
 

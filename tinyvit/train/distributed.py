@@ -33,7 +33,8 @@ a program of your own that calls ``fit`` under mpiexec can run as
 ``python -m mpi4py program.py``, whose runner does the same.
 
 The processes on one machine share its cores: each limits its BLAS threads to
-its part of them (unless OPENBLAS_NUM_THREADS or OMP_NUM_THREADS says otherwise).
+its part of them (unless OPENBLAS_NUM_THREADS or OMP_NUM_THREADS says otherwise),
+and the fast CPU kernels' threads too (unless TINYVIT_NUM_THREADS says otherwise).
 With a GPU per process, each process takes the GPU of its rank on its machine,
 and the device arrays are summed by NCCL (``NCCLSum``), GPU to GPU, never
 through host memory; processes that share a GPU (NCCL refuses two ranks on one
@@ -47,6 +48,7 @@ import os
 import numpy as np  # host-side buffers for MPI
 
 from ..backend import address, nccl, to_host, xp
+from ..fast import blocks
 from ..nn.conv import BatchNorm2d, SyncBatchNorm2d
 from ..nn.loss import SoftmaxCrossEntropy
 from .gradients import loss_and_gradients, rows, share_seed
@@ -120,8 +122,11 @@ class Communicator:
         self.rank, self.size = self.world.Get_rank(), self.world.Get_size()
         local = self.world.Split_type(MPI.COMM_TYPE_SHARED)  # the processes that share one memory
         self.local_rank, self.local_size = local.Get_rank(), local.Get_size()
+        share = max(1, cpu_cores() // self.local_size)
         if not any(name in os.environ for name in _THREAD_SETTINGS):
-            threadpool_limits(max(1, cpu_cores() // self.local_size))
+            threadpool_limits(share)
+        if blocks.ENVIRONMENT_VARIABLE not in os.environ:
+            blocks.set_num_threads(share)  # the fast CPU kernels' threads
         self.device_sum = None  # NCCLSum, once each process has a GPU of its own
 
     def use_local_gpu(self):

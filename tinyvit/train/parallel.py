@@ -40,16 +40,17 @@ import traceback
 from ..allocator import keep_freed_memory
 from ..backend import default_dtype, on_cpu, quiet_overflow, xp
 from ..fast import accelerate
+from ..fast.blocks import ENVIRONMENT_VARIABLE
 from ..models import ViT
 from ..nn.loss import SoftmaxCrossEntropy
 from .gradients import loss_and_gradients, rows, share_seed
 
 MAX_AUTO_WORKERS = 4  # the gain was measured on 2 cores only: more small shares are untested
 
-# what a worker's environment must say when it starts: NumPy, and one BLAS thread
-# (each worker computes on one core)
+# what a worker's environment must say when it starts: NumPy, and one BLAS thread and one
+# thread for the fast kernels' blocks (each worker computes on one core)
 _WORKER_ENV = {"TINYVIT_BACKEND": "numpy", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
-               "MKL_NUM_THREADS": "1"}
+               "MKL_NUM_THREADS": "1", ENVIRONMENT_VARIABLE: "1"}
 
 
 def cpu_cores():

@@ -1,0 +1,345 @@
+"""tinyvit's fast CPU kernels op by op against the same op in PyTorch eager, interleaved.
+
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/ops.py
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/ops.py --rounds 5 --batch 64
+
+Each row is one op on float32 arrays of a batch of 128 images of 65 tokens (config C of
+benchmark.py: M = 8320 rows, D = 192, the MLP 384 wide, 3 heads of 64; the attention rows
+with 4 heads of 32 over 65 tokens, 512 (image, head) products of 65 x 32 by 32 x 65), or one
+fast kernel's forward and backward against the same layer of ``tests/torch_reference.py``.
+The two run in turns, round after round, and the table
+gives each one's median, their ratio (tinyvit's time over PyTorch's), the bytes the op must
+move at least (each input read and each output written once) and the fraction of the
+measured memory bandwidth that makes, or for a product the fraction of the measured float32
+GEMM throughput. The bandwidth is the best of a large add (three arrays of 64 MiB) by
+NumPy on every core through ``tinyvit.fast.blocks`` and by PyTorch; the GEMM throughput is
+the best 2048 x 2048 product of either. Rows marked "before" time the code of the whole
+arrays, one NumPy operation after another, that the kernels replaced; two rows time the
+reference tier's layer.
+"""
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "tests"))  # torch_reference.py
+
+from machine import machine_report, print_machine, setup_backends, torch  # noqa: E402
+from tinyvit.fast import accelerate, blocks, cpu, elementwise  # noqa: E402
+from tinyvit.nn import layers  # noqa: E402
+
+MiB = 1 << 20
+
+
+def median_ms(fn, repeats):
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times)
+
+
+def bandwidth_and_gemm(repeats):
+    """(bytes/s, FLOP/s): the best of NumPy in blocks over the cores and of PyTorch."""
+    a, b = (np.random.default_rng(i).standard_normal(16 * MiB, dtype=np.float32) for i in (0, 1))
+    c = np.empty_like(a)
+    ta, tb, tc = (torch.from_numpy(v) for v in (a, b, c))
+    best_add = min(median_ms(lambda: blocks.each_block(lambda a, b, c: np.add(a, b, out=c),
+                                                       a, b, c), repeats),
+                   median_ms(lambda: torch.add(ta, tb, out=tc), repeats))
+    m = np.random.default_rng(2).standard_normal((2048, 2048), dtype=np.float32)
+    tm = torch.from_numpy(m)
+    best_gemm = min(median_ms(lambda: m @ m, repeats), median_ms(lambda: tm @ tm, repeats))
+    return 3 * a.nbytes / (best_add / 1e3), 2 * 2048**3 / (best_gemm / 1e3)
+
+
+def ops(batch):
+    """(name, tinyvit's call, PyTorch's call, bytes moved, matmul FLOPs) of every op."""
+    F = torch.nn.functional
+    rng = np.random.default_rng(0)
+
+    def randn(*shape):
+        return rng.standard_normal(shape, dtype=np.float32)
+
+    M, D, Dm = batch * 65, 192, 384
+    x, r, u, dy = randn(M, D), randn(M, D), randn(M, Dm), randn(M, Dm)
+    bias = randn(Dm)
+    tx, tr, tu, tdy, tbias = (torch.from_numpy(v) for v in (x, r, u, dy, bias))
+    size = 4 * M * Dm  # bytes of one (M, Dm) array
+    table = []
+
+    gelu = cpu.GELU()
+    gelu_reference = layers.GELU()
+
+    def gelu_train():
+        gelu.train().forward(u)
+        gelu.cache = None
+
+    table += [
+        ("GELU forward, eval (M x Dm)", lambda: gelu.eval().forward(u), lambda: F.gelu(tu),
+         2 * size, 0),
+        ("  the reference tier's GELU", lambda: gelu_reference.eval().forward(u),
+         lambda: F.gelu(tu), 2 * size, 0),
+        ("GELU forward, training: y and y'", gelu_train,
+         lambda: F.gelu(tu), 3 * size, 0),
+        ("GELU backward", lambda: gelu_backward(gelu, u, dy),
+         lambda: torch.ops.aten.gelu_backward(tdy, tu), 3 * size, 0),
+        ("bias + GELU forward, eval", lambda: gelu.eval().forward(u.copy(), bias),
+         lambda: F.gelu(tu + tbias), 2 * size, 0),
+    ]
+    norm, norm_reference = cpu.LayerNorm(D), layers.LayerNorm(D)
+    tnorm = torch.nn.LayerNorm(D, eps=1e-6)
+    nsize = 4 * M * D
+    table += [
+        ("LayerNorm forward, eval (M x D)", lambda: norm.eval().forward(x), lambda: tnorm(tx),
+         2 * nsize, 0),
+        ("  the reference tier's LayerNorm", lambda: norm_reference.eval().forward(x),
+         lambda: tnorm(tx), 2 * nsize, 0),
+        ("LayerNorm forward + backward", lambda: norm_round_trip(norm, x, r),
+         lambda: torch_round_trip(tnorm, tx, tr), 5 * nsize, 0),
+        ("residual add + LayerNorm, eval", lambda: norm.eval().forward_residual(x, r),
+         lambda: tnorm(tx + tr), 4 * nsize, 0),
+    ]
+    B, NH, N, Dh = batch, 4, 65, 32
+    q, k, v = randn(B, NH, N, Dh), randn(B, NH, N, Dh), randn(B, NH, N, Dh)
+    scores, dA = randn(B, NH, N, N), randn(B, NH, N, N)
+    A = elementwise.softmax_inplace(scores.copy())
+    tq, tk, tv, ts, tA, tdA = (torch.from_numpy(a) for a in (q, k, v, scores, A, dA))
+    ssize, scale = scores.nbytes, Dh**-0.5
+    table += [
+        ("softmax(scale * S) (B x NH x N x N)", lambda: scaled_softmax(scores, scale),
+         lambda: torch.softmax(ts * scale, -1), 2 * ssize, 0),
+        ("  before: one pass per step", lambda: scaled_softmax_before(scores, scale),
+         lambda: torch.softmax(ts * scale, -1), 2 * ssize, 0),
+        ("softmax backward", lambda: softmax_backward(A, dA),
+         lambda: torch._softmax_backward_data(tdA, tA, -1, torch.float32), 3 * ssize, 0),
+    ]
+    attention = cpu.Attention(NH * Dh, NH, rng=np.random.default_rng(0))
+    products = 2 * B * NH * N * N * Dh
+    table += [
+        ("q k^T: 512 products (B x NH)", lambda: blocked_scores(q, k),
+         lambda: tq @ tk.transpose(-2, -1), q.nbytes + k.nbytes + ssize, products),
+        ("  before: one batched matmul", lambda: q @ np.ascontiguousarray(k.transpose(0, 1, 3, 2)),
+         lambda: tq @ tk.transpose(-2, -1), q.nbytes + k.nbytes + ssize, products),
+        ("attention core forward", lambda: attention_forward(attention, q, k, v),
+         lambda: torch_attention(tq, tk, tv, scale), 4 * q.nbytes + ssize, 2 * products),
+        ("  before: whole arrays", lambda: attention_before(q, k, v, scale),
+         lambda: torch_attention(tq, tk, tv, scale), 4 * q.nbytes + ssize, 2 * products),
+        ("attention core forward + backward", lambda: attention_round_trip(attention, q, k, v),
+         lambda: torch_attention_round_trip(tq, tk, tv, scale), 10 * q.nbytes + 3 * ssize,
+         6 * products),
+    ]
+    drop = cpu.Dropout(0.1, rng=np.random.default_rng(0))
+    table += [("dropout p=0.1 forward, training (M x Dm)", lambda: drop.forward(u),
+               lambda: F.dropout(tu, 0.1, training=True), 3 * size, 0)]
+    table += adamw_rows()
+    W = randn(Dm, D)
+    tW = torch.from_numpy(W)
+    table += [("Linear (M x D) (D x Dm)", lambda: x @ W.T, lambda: tx @ tW.T,
+               nsize + W.nbytes + size, 2 * M * D * Dm)]
+    return table + layer_rows(randn(batch, 65, D), randn(batch, 65, D))
+
+
+def layer_rows(x, dy):
+    """Forward + backward of the fast kernels of config C's encoder block against the same
+    layers of tests/torch_reference.py (the FLOPs are their matmuls')."""
+    from torch_reference import TorchAttention, TorchBlock, TorchMlp
+
+    B, N, D = x.shape
+    rng = np.random.default_rng(0)
+    fast = {"MLP": accelerate(layers.MLP(D, 2 * D, rng=rng)),
+            "Attention": accelerate(layers.Attention(D, 3, rng=rng)),
+            "Block": accelerate(layers.Block(D, 3, 2.0, rng=rng))}
+    theirs = {"MLP": TorchMlp(D, 2 * D), "Attention": TorchAttention(D, 3, True),
+              "Block": TorchBlock(D, 3, 2.0, True)}
+    M = B * N
+    mlp, attention = 2 * 2 * M * D * 2 * D, 2 * M * D * 4 * D + 2 * 2 * B * N * N * D
+    flops = {"MLP": 3 * mlp, "Attention": 3 * attention, "Block": 3 * (mlp + attention)}
+    tx, tdy = torch.from_numpy(x), torch.from_numpy(dy)
+    return [(f"{name} forward + backward (fast kernel)",
+             lambda layer=layer: round_trip(layer, x, dy),
+             lambda name=name: torch_round_trip(theirs[name], tx, tdy), 0, flops[name])
+            for name, layer in fast.items()]
+
+
+def round_trip(layer, x, dy):
+    layer.zero_grad()
+    layer.forward(x)
+    layer.backward(dy)
+
+
+def gelu_backward(gelu, u, dy):
+    gelu.train()
+    gelu.cache = gelu_derivative(u)
+    gelu.backward(dy)
+
+
+_derivatives = {}
+
+
+def gelu_derivative(u):
+    """A fresh copy of u's GELU derivative (the backward scales its cache in place)."""
+    if id(u) not in _derivatives:
+        y, d = np.empty_like(u), np.empty_like(u)
+        blocks.each_block(elementwise.gelu_erf, u, y, d)
+        _derivatives[id(u)] = d
+    return _derivatives[id(u)].copy()
+
+
+def norm_round_trip(norm, x, dy):
+    norm.train()
+    norm.forward(x)
+    norm.backward(dy)
+
+
+def torch_round_trip(module, x, dy):
+    x = x.detach().requires_grad_()
+    module(x).backward(dy)
+
+
+def scaled_softmax(scores, scale):
+    out = np.empty_like(scores)
+
+    def block(s, out):
+        np.multiply(s, scale, out=out)
+        elementwise.softmax_inplace(out)
+
+    blocks.each_block(block, scores, out)
+    return out
+
+
+def scaled_softmax_before(scores, scale):
+    s = scores * scale
+    s -= s.max(axis=-1, keepdims=True)
+    np.exp(s, out=s)
+    s /= s.sum(axis=-1, keepdims=True)
+    return s
+
+
+def softmax_backward(A, dA):
+    dS = np.empty_like(dA)
+
+    def block(A, dA, dS):
+        np.copyto(dS, dA)
+        elementwise.softmax_backward_inplace(A, dS)
+
+    blocks.each_block(block, A, dA, dS)
+
+
+def blocked_scores(q, k):
+    S = np.empty((*q.shape[:3], k.shape[2]), dtype=q.dtype)
+
+    def block(q, k, S):
+        np.matmul(q, np.ascontiguousarray(k.transpose(0, 1, 3, 2)), out=S)
+
+    blocks.each_block(block, q, k, S, block_bytes=cpu.ATTENTION_BLOCK_BYTES)
+    return S
+
+
+def attention_forward(attention, q, k, v):
+    attention.eval()
+    return attention.attend(q, k, v)
+
+
+def attention_round_trip(attention, q, k, v):
+    attention.train()
+    ctx = attention.attend(q, k, v)
+    B, NH, N, Dh = q.shape
+    dq, dk, dv = np.empty((3, B, NH, N, Dh), dtype=q.dtype)
+    attention.attend_backward_into(attention._take_cache(), ctx, dq, dk, dv)
+
+
+def attention_before(q, k, v, scale):
+    S = (q * scale) @ np.ascontiguousarray(k.transpose(0, 1, 3, 2))
+    return scaled_softmax_before(S, 1.0) @ v
+
+
+def torch_attention(q, k, v, scale):
+    return torch.softmax(q @ k.transpose(-2, -1) * scale, -1) @ v
+
+
+def torch_attention_round_trip(q, k, v, scale):
+    q, k, v = (a.detach().requires_grad_() for a in (q, k, v))
+    ctx = torch_attention(q, k, v, scale)
+    ctx.backward(ctx.detach())
+
+
+def adamw_rows(count=2_700_000):
+    """AdamW's update of ``count`` parameters (config C has 2.7 M), in one flat buffer."""
+    from tinyvit.nn.module import Module, Parameter
+
+    class Flat(Module):
+        def __init__(self):
+            super().__init__()
+            self.w = Parameter(np.zeros(count, dtype=np.float32), decay=True)
+
+    model = Flat()
+    optimizer = cpu.AdamW(model, lr=1e-3, weight_decay=0.05)
+    optimizer.grad[...] = np.random.default_rng(3).standard_normal(count, dtype=np.float32)
+    optimizer.advance()
+    p = torch.zeros(count, requires_grad=True)
+    p.grad = torch.from_numpy(optimizer.grad.copy())
+    torch_optimizer = torch.optim.AdamW([p], lr=1e-3, weight_decay=0.05)
+    # reads p, g, decay, m, v and writes p, m, v
+    return [("AdamW update (2.7 M parameters)", optimizer.update, torch_optimizer.step,
+             8 * 4 * count, 0)]
+
+
+def run(rounds, repeats, batch):
+    table = ops(batch)
+    times = {name: ([], []) for name, *_ in table}
+    for _ in range(rounds):
+        for name, ours, theirs, _, _ in table:
+            times[name][0].append(median_ms(ours, repeats))
+            times[name][1].append(median_ms(theirs, repeats))
+    return table, {name: tuple(statistics.median(t) for t in pair)
+                   for name, pair in times.items()}
+
+
+def print_table(table, medians, bandwidth, gemm):
+    print(f"memory bandwidth {bandwidth / 1e9:.1f} GB/s, float32 GEMM {gemm / 1e9:.0f} GFLOP/s "
+          "(the best of NumPy's and PyTorch's)")
+    print("| op, float32 | tinyvit ms | PyTorch ms | ratio | MB moved | tinyvit's share of "
+          "bandwidth (GEMM) | PyTorch's |")
+    print("|---|---|---|---|---|---|---|")
+    for name, _, _, moved, flops in table:
+        ours, theirs = medians[name]
+
+        def share(ms):
+            if flops:
+                return f"{flops / (ms / 1e3) / gemm:.0%} GEMM"
+            return f"{moved / (ms / 1e3) / bandwidth:.0%}"
+
+        print(f"| {name} | {ours:.2f} | {theirs:.2f} | {ours / theirs:.2f}x | "
+              f"{moved / 1e6:.0f} | {share(ours)} | {share(theirs)} |")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
+    p.add_argument("--repeats", type=int, default=7, help="timed calls per turn (median)")
+    p.add_argument("--batch", type=int, default=128, help="images of 65 tokens")
+    args = p.parse_args(argv)
+    for name in ("rounds", "repeats", "batch"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    if torch is None:
+        sys.exit("benchmarks/ops.py compares with PyTorch: pip install torch")
+    setup_backends(gpu=False)
+    print_machine(machine_report(gpu=False))
+    print(f"tinyvit threads {blocks.num_threads()}, torch threads {torch.get_num_threads()}")
+    bandwidth, gemm = bandwidth_and_gemm(args.repeats)
+    table, medians = run(args.rounds, args.repeats, args.batch)
+    print_table(table, medians, bandwidth, gemm)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,139 @@
+"""Elementwise work in cache-sized blocks of rows, spread over the CPU's cores: the
+one helper every elementwise kernel of the fast CPU tier runs on.
+
+NumPy makes one pass over memory per operation: ``y = x * w + b`` reads x, writes
+a temporary, reads it back, writes y. A kernel of ten operations on arrays larger
+than the cache so costs ten passes over main memory. ``each_block`` runs the
+whole chain on one block of rows at a time, a block small enough that it and its
+temporaries stay in the core's L2 cache, so that the chain reads its inputs and
+writes its outputs about once:
+
+    def kernel(x, y):            # x, y: the same block of rows of each array
+        xp.multiply(x, w, out=y)
+        y += b
+
+    each_block(kernel, x, y)     # kernel(x[rows], y[rows]) for every block of rows
+
+The blocks are shared out over a pool of threads, one per core: NumPy's ufuncs
+and BLAS calls release the GIL, so the threads run at the same time. A kernel
+writes its results into the blocks of preallocated outputs (``out=``, ``+=``);
+what it returns is collected in block order (a partial sum per block, say), so
+that a sum over blocks adds up in the same order whatever the thread count.
+
+How many threads: ``set_num_threads(n)``, else the environment variable
+``TINYVIT_NUM_THREADS``, else the cores this process may run on
+(``os.sched_getaffinity``). The worker processes of ``tinyvit.train.parallel``
+start with one thread each, and under MPI each process takes its share of its
+machine's cores (``tinyvit.train.distributed``). A process forked from one that
+has started the pool starts a pool of its own when it first needs one.
+"""
+
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+ENVIRONMENT_VARIABLE = "TINYVIT_NUM_THREADS"
+BLOCK_BYTES = 1 << 18  # 256 KiB of each array per block: a few arrays and temporaries fit L2
+
+_chosen = None  # set_num_threads's count, None: the environment's or the cores'
+_pool, _pool_size = None, 0
+_pool_lock = threading.Lock()
+_inside = threading.local()  # .busy while a thread runs blocks: an inner each_block runs serially
+
+
+def available_cores():
+    """The CPU cores this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def _positive(value, what):
+    try:
+        count = int(value)
+    except (TypeError, ValueError):
+        count = 0
+    if count < 1 or str(value).strip() != str(count):
+        raise ValueError(f"{what}: expected a whole number of threads >= 1, got {value!r}")
+    return count
+
+
+def num_threads():
+    """The threads ``each_block`` spreads its blocks over."""
+    if _chosen is not None:
+        return _chosen
+    setting = os.environ.get(ENVIRONMENT_VARIABLE)
+    if setting is not None:
+        return _positive(setting, ENVIRONMENT_VARIABLE)
+    return available_cores()
+
+
+def set_num_threads(count):
+    """Use ``count`` threads from now on (None: back to ``TINYVIT_NUM_THREADS`` or
+    the cores available)."""
+    global _chosen
+    _chosen = None if count is None else _positive(count, "set_num_threads")
+
+
+def _get_pool(workers):
+    """A pool of at least ``workers`` threads (the calling thread is one more)."""
+    global _pool, _pool_size
+    with _pool_lock:
+        if _pool is None or _pool_size < workers:
+            if _pool is not None:
+                _pool.shutdown(wait=False)
+            _pool = ThreadPoolExecutor(workers, thread_name_prefix="tinyvit-blocks")
+            _pool_size = workers
+        return _pool
+
+
+def _forget_pool():
+    """In a forked child: the parent's threads do not exist here."""
+    global _pool, _pool_size, _pool_lock
+    _pool, _pool_size, _pool_lock = None, 0, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
+
+
+def row_blocks(rows, row_bytes, block_bytes=BLOCK_BYTES):
+    """Slices of ``rows`` rows of ``row_bytes`` bytes each, each about ``block_bytes``
+    (at least one row)."""
+    step = max(1, block_bytes // max(1, row_bytes))
+    return [slice(start, min(start + step, rows)) for start in range(0, rows, step)]
+
+
+def each_block(kernel, *arrays, block_bytes=BLOCK_BYTES):
+    """``kernel(a[rows], b[rows], ...)`` for every block of rows (the first axis) of the
+    arrays, spread over ``num_threads()`` threads; returns what each call returned, in
+    block order. The arrays must share their first axis; a block holds about
+    ``block_bytes`` of the widest one.
+    """
+    rows = len(arrays[0])
+    for a in arrays[1:]:
+        if len(a) != rows:
+            raise ValueError(f"each_block: every array needs {rows} rows, as the first; "
+                             f"got shapes {[tuple(b.shape) for b in arrays]}")
+    row_bytes = max(a[:1].nbytes for a in arrays) if rows else 1
+    blocks = row_blocks(rows, row_bytes, block_bytes)
+    threads = 1 if getattr(_inside, "busy", False) else min(num_threads(), len(blocks))
+    if threads <= 1:
+        return [kernel(*(a[rows] for a in arrays)) for rows in blocks]
+    share = -(-len(blocks) // threads)  # consecutive blocks per thread
+    groups = [blocks[start:start + share] for start in range(0, len(blocks), share)]
+    pool = _get_pool(len(groups) - 1)
+    futures = [pool.submit(_run_group, kernel, arrays, group) for group in groups[1:]]
+    results = _run_group(kernel, arrays, groups[0])
+    for future in futures:
+        results += future.result()
+    return results
+
+
+def _run_group(kernel, arrays, group):
+    """The calls of one thread's blocks (an ``each_block`` inside them runs serially)."""
+    outer, _inside.busy = getattr(_inside, "busy", False), True
+    try:
+        return [kernel(*(a[rows] for a in arrays)) for rows in group]
+    finally:
+        _inside.busy = outer
