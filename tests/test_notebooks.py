@@ -22,7 +22,7 @@ from tinyvit.learn.exercises import EXERCISES, TRAINING, by_name, by_number, der
 from tinyvit.learn.hints import HINTS, HOLE
 from tinyvit.learn.solution import solution
 from tinyvit.learn.training import _learners_classes, check_training
-from tinyvit.learn.workbook import answer, fill
+from tinyvit.learn.workbook import TRAINING_FILE, answer, fill
 from tinyvit.nn.layers import LayerNorm, Linear
 from tinyvit.viz.canvas import CMAPS
 from tinyvit.viz.diagram import EDGE, FILL, block_diagram
@@ -162,6 +162,56 @@ def test_a_mistake_in_a_notebook_prints_the_staged_failure_and_draws_it(workbook
     assert said.endswith(f"The difference, drawn: {picture}\n") and picture.is_file()
     assert len(images(out)) == 1
     assert Progress(workbook).read() == {1: "fail"}
+
+
+def run_together(paths):
+    """The code cells of every notebook at ``paths``, in turn, executed in one Jupyter kernel
+    (one start for all of them) in their folder; returns, per notebook, its code cells'
+    (source, outputs). A cell that raises fails the run."""
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    pytest.importorskip("ipykernel")
+    together, owners = nbformat.v4.new_notebook(), []
+    for path in paths:
+        nb = nbformat.read(path, as_version=4)
+        nbformat.validate(nb)
+        for cell in nb.cells:
+            if cell.cell_type == "code":
+                together.cells.append(cell)
+                owners.append(path)
+    nbclient.NotebookClient(together, timeout=300, kernel_name="python3",
+                            resources={"metadata": {"path": str(paths[0].parent)}}).execute()
+    found = {path: [] for path in paths}
+    for path, cell in zip(owners, together.cells):
+        found[path].append((cell.source, cell.outputs))
+    return found
+
+
+def test_every_notebook_runs_blank_and_then_filled_with_the_librarys_code(workbook,
+                                                                           kernel_path):
+    """Blank: each check cell says what to write, and no cell raises. Filled with tinyvit's
+    own backward: each check passes, each comparison is close, each picture is drawn. The
+    training exercise's notebook runs blank (its training is tested in
+    ``test_the_training_runs_on_the_exercises_passed_so_far``)."""
+    paths = [workbook / ex.notebook for ex in EXERCISES]
+    training_notebook = workbook / TRAINING_FILE.replace(".py", ".ipynb")
+    blank = run_together(paths + [training_notebook])
+    for ex, path in zip(EXERCISES, paths):
+        said = {source.splitlines()[0]: outputs for source, outputs in blank[path]}
+        assert ": not written yet: write " in printed(said[f"check({ex.yours})"])
+        assert len(images(said[f"where({ex.number})  # where the layer sits in the ViT, and "
+                                "its shapes"])) == 1
+    assert "none of exercises 1-19 has passed yet" in printed(blank[training_notebook][-1][1])
+    for ex, path in zip(EXERCISES, paths):
+        fill_notebook(path, ex)
+    filled = run_together(paths)
+    for ex, path in zip(EXERCISES, paths):
+        said = {source.splitlines()[0]: outputs for source, outputs in filled[path]}
+        assert re.fullmatch(rf"exercise {ex.number} \(.+\): PASS, every stage of \d+ cases?\n",
+                            printed(said[f"check({ex.yours})"]))
+        table = printed(said[f"compare({ex.yours})"]).splitlines()
+        assert table and all("close: True" in row for row in table)
+    assert Progress(workbook).read() == {ex.number: "pass" for ex in EXERCISES}
 
 
 def test_a_failure_under_pytest_draws_the_difference_beside_the_file(workbook):
