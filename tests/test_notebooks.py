@@ -211,7 +211,8 @@ def test_every_notebook_runs_blank_and_then_filled_with_the_librarys_code(workbo
                             printed(said[f"check({ex.yours})"]))
         table = printed(said[f"compare({ex.yours})"]).splitlines()
         assert table and all("close: True" in row for row in table)
-    assert Progress(workbook).read() == {ex.number: "pass" for ex in EXERCISES}
+    assert Progress(workbook).read() == {TRAINING: "blank",
+                                         **{ex.number: "pass" for ex in EXERCISES}}
 
 
 def test_a_failure_under_pytest_draws_the_difference_beside_the_file(workbook):
