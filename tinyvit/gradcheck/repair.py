@@ -139,7 +139,7 @@ class Probe:
         return [m for m in self.layers if m.cache is not None]
 
 
-FAILS = Outcome({}, math.inf, doubled=False)  # a gradient missing, of another shape, ...
+FAILS = Outcome({}, math.inf, doubled=False)  # a gradient missing, misshapen or not finite
 
 
 def measure(grads, expected):

@@ -126,7 +126,6 @@ class Trace:
         return {(code, line) for began, ended, code, line in self.lines
                 if began < end and ended > start}
 
-
     def ran_by(self, layer, start, end):
         """{(code, line)}: the lines of ``layer``'s own methods that ran between two events
         (those of the layers it holds left out)."""
