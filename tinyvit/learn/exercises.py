@@ -11,7 +11,7 @@ Dh head dim, Q query rows, M rows, K classes, C channels, F filters.
 import dataclasses
 from pathlib import Path
 
-from ..backend import host_rng, xp
+from ..backend import default_dtype, host_rng, using_backend, xp
 from ..gradcheck import jitter, randn, seeded_dropout
 from ..gradcheck.report import anchor
 from ..models import ViT
@@ -81,6 +81,15 @@ class Exercise:
     @property
     def is_function(self):
         return not self.method
+
+    def first_case(self, run):
+        """``run(module, inputs, output)`` on the library's layer of the first case after its
+        forward, in float64 on NumPy (what the pictures and the solution show)."""
+        with using_backend("numpy"), default_dtype("float64"):
+            module, inputs, before_forward = self.cases[0](self.reference)
+            if before_forward:
+                before_forward()
+            return run(module, inputs, module.forward(*inputs))
 
 
 def _linear(make, shape, bias=True):

@@ -12,7 +12,6 @@ from functools import lru_cache
 
 import numpy as np  # the difference is drawn from host arrays
 
-from ..backend import default_dtype, using_backend
 from ..viz.canvas import save_png
 from ..viz.charts import Panel, Series, line_chart
 from ..viz.diagram import block_diagram
@@ -64,12 +63,8 @@ def where(ex, path=None):
 @lru_cache(maxsize=None)
 def _where(ex):
     """The picture is the same for every workbook: drawn once per process."""
-    with using_backend("numpy"), default_dtype("float64"):
-        module, inputs, before_forward = ex.cases[0](ex.reference)
-        if before_forward:
-            before_forward()
-        out = module.forward(*inputs)
-    shapes = " -> ".join(str(tuple(a.shape)) for a in (inputs[0], out))
+    shapes = ex.first_case(lambda module, inputs, out: " -> ".join(
+        str(tuple(a.shape)) for a in (inputs[0], out)))
     note = f"exercise {ex.number}, {ex.title}: {shapes} in its first check"
     return block_diagram(WHERE[ex.name], note)
 

@@ -10,7 +10,6 @@ backward passes of the layers inside it are exercises of their own, and are name
 
 import textwrap
 
-from ..backend import default_dtype, using_backend
 from ..gradcheck.trace import trace
 from .exercises import EXERCISES
 
@@ -36,12 +35,8 @@ def _headed(source):
 def _called(ex, code):
     """The sources of ``code`` and of what it called outside the layers inside it, in the
     order they first ran; and those layers' backward passes, named with their exercise."""
-    with using_backend("numpy"), default_dtype("float64"):
-        module, inputs, before_forward = ex.cases[0](ex.reference)
-        if before_forward:
-            before_forward()
-        out = module.forward(*inputs)
-        _, recorded = trace(lambda: module.backward(_ones(out)))
+    _, recorded = ex.first_case(lambda module, inputs, out: trace(
+        lambda: module.backward(_ones(out))))
     ours = [call for call in recorded.calls if call.code is code][0]
     inside = [(layer, start, end) for layer, start, end in recorded.layers
               if ours.start < start and end < ours.end and layer is not ours.module]
