@@ -15,6 +15,7 @@ from .checking import MARKER, PROGRESS
 from .exercises import BACKPROP, EXERCISES, STEPS, TRACKS, TRAINING, derivation
 
 BEGIN, END = "# ---- your {what} ----", "# ---- end of your {what} ----"
+BLANK = 'raise NotImplementedError("exercise {number}: write'  # how a blank's line begins
 PYTEST_INI = "[pytest]\npython_files = ex*.py\naddopts = -p no:cacheprovider --tb=short\n"
 TOTAL = len(EXERCISES) + 1  # and the training
 SHAPE = 30  # a parenthesis this long or shorter (a shape) is kept on one line
@@ -83,7 +84,7 @@ def answer(ex):
     what = _what(ex)
     body = _wrap(ex.task, 86, "# ")
     blank = (f"{BEGIN.format(what=what)}\n"
-             f"raise NotImplementedError(\"exercise {ex.number}: write {ex.yours}"
+             f"{BLANK.format(number=ex.number)} {ex.yours}"
              f"{'.' + ex.method if ex.method else ''} here\")\n"
              f"{END.format(what=what)}")
     code = textwrap.indent(f"{body}\n{blank}", "    ")
