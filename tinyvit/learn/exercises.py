@@ -389,7 +389,7 @@ entry [..., i, j, ho, wo] was read from pixel [..., sh*ho + i, sw*wo + j].""",
         22, "conv2d", "Conv2d", "stem", conv.Conv2d, "backward", "MyConv2d", conv.Conv2d.forward,
         "Conv2d as a matmul on im2col columns",
         "A 2-D convolution as one matmul on the im2col columns; with weight standardization "
-        "in its last case.",
+        "in its third case.",
         """The cache: cols, w2, rstd, padded_shape = self._take_cache(): the columns (U, M),
 U = C*kh*kw, M = B*Ho*Wo; the weight as the matrix the forward multiplied by, (F, U); rstd
 (F, 1) under weight standardization, else None; the padded input's shape (C, B, Hp, Wp).
