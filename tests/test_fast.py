@@ -288,6 +288,36 @@ def test_a_forked_child_runs_its_own_blocks(threads):
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
 
 
+SPIN_PROBE = """
+import numpy as np
+from tinyvit.fast import blocks, openblas
+a = np.random.default_rng(0).standard_normal((300, 300))
+before = a @ a
+blocks.set_num_threads(2)
+blocks.each_block(lambda rows: None, a)  # the pool starts
+print(len(openblas.loaded_openblas()), [openblas.thread_timeout(p) for p in
+      openblas.loaded_openblas()], bool((a @ a == before).all()))
+"""
+
+
+@pytest.mark.parametrize("users_setting, expected", [(None, 20), ("25", 25)])
+def test_the_pool_shortens_openblas_idle_spin_unless_the_user_set_it(users_setting, expected):
+    """When the blocks' pool starts, each loaded OpenBLAS restarts its threads with a
+    spin of 2^20 cycles (the user's OPENBLAS_THREAD_TIMEOUT wins), and its products
+    after the restart are the same bits. In a child process: it changes the process."""
+    import os
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    if users_setting is not None:
+        env["OPENBLAS_THREAD_TIMEOUT"] = users_setting
+    out = subprocess.run([sys.executable, "-c", SPIN_PROBE], env=env, capture_output=True,
+                         text=True, check=True).stdout.split(maxsplit=1)
+    if out[0] == "0":
+        pytest.skip("NumPy here does not use OpenBLAS")
+    assert out[1].strip() == f"{[expected] * int(out[0])} True"
+
+
 # --------------------------------------------------------------------------- dropout on the CPU
 
 

@@ -15,9 +15,10 @@ writes its outputs about once:
     each_block(kernel, x, y)     # kernel(x[rows], y[rows]) for every block of rows
 
 The blocks are shared out over a pool of threads, one per core: NumPy's ufuncs
-and BLAS calls release the GIL, so the threads run at the same time. A kernel
-writes its results into the blocks of preallocated outputs (``out=``, ``+=``);
-what it returns is collected in block order (a partial sum per block, say), so
+and BLAS calls release the GIL, so the threads run at the same time (and OpenBLAS's
+own threads, idle between products, are told not to hold the cores: ``openblas.py``).
+A kernel writes its results into the blocks of preallocated outputs (``out=``,
+``+=``); what it returns is collected in block order (a partial sum per block, say), so
 that a sum over blocks adds up in the same order whatever the thread count.
 
 How many threads: ``set_num_threads(n)``, else the environment variable
@@ -31,6 +32,8 @@ has started the pool starts a pool of its own when it first needs one.
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
+
+from .openblas import limit_spinning
 
 ENVIRONMENT_VARIABLE = "TINYVIT_NUM_THREADS"
 BLOCK_BYTES = 1 << 18  # 256 KiB of each array per block: a few arrays and temporaries fit L2
@@ -76,10 +79,12 @@ def set_num_threads(count):
 
 
 def _get_pool(workers):
-    """A pool of at least ``workers`` threads (the calling thread is one more)."""
+    """A pool of at least ``workers`` threads (the calling thread is one more). The
+    first one also makes OpenBLAS's idle threads yield the cores sooner (``openblas.py``)."""
     global _pool, _pool_size
     with _pool_lock:
         if _pool is None or _pool_size < workers:
+            limit_spinning()
             if _pool is not None:
                 _pool.shutdown(wait=False)
             _pool = ThreadPoolExecutor(workers, thread_name_prefix="tinyvit-blocks")
