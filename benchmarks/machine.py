@@ -11,6 +11,7 @@ import numpy as np
 
 import tinyvit
 from tinyvit import allocator, backend
+from tinyvit.fast import openblas
 
 try:
     import torch
@@ -71,6 +72,8 @@ def machine_report(gpu):
         "threads": {"openblas": blas_threads(),
                     "torch": torch.get_num_threads() if torch else None},
         "env": {k: os.environ.get(k) for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")},
+        "openblas_idle_spin_log2_cycles": int(os.environ.get(openblas.VARIABLE)
+                                              or openblas.SPIN_LOG2_CYCLES),
         "cores": os.cpu_count(),
         "load_average_1min": os.getloadavg()[0],
     }
@@ -100,6 +103,8 @@ def print_machine(report):
           f"PyTorch {report['torch'] or 'not installed'}, "
           f"tinyvit {getattr(tinyvit, '__version__', 'dev')}")
     print_openblas_variables(report["env"])
+    print(f"OpenBLAS's idle threads spin 2^{report['openblas_idle_spin_log2_cycles']} cycles once "
+          "tinyvit's blocks run on threads (tinyvit.fast.openblas; OpenBLAS's own: 2^28)")
 
 
 def print_openblas_variables(env):

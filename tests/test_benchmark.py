@@ -296,3 +296,20 @@ def test_ops_prints_a_row_per_op_with_both_times(capsys):
         assert share.endswith("%") or share.endswith("% GEMM"), row
     with pytest.raises(SystemExit):
         ops.main(["--batch", "0"])
+
+
+def test_compiled_prints_a_row_per_op_and_route(capsys):
+    """benchmarks/compiled.py on 64 rows: tinyvit's blocks, each compiled route that is
+    installed and PyTorch, each timed on both ops, each over the blocks' time."""
+    compiled = load_script(SCRIPT.with_name("compiled.py"))
+    compiled.main(["--rounds", "1", "--repeats", "1", "--rows", "64"])
+    out = capsys.readouterr().out
+    routes = out.split("routes: ", 1)[1].splitlines()[0].split(", ")
+    assert routes[0] == "tinyvit (NumPy blocks)"
+    rows = [line.strip("| ").split(" | ") for line in out.splitlines() if line.startswith("| ")]
+    assert rows[0] == ["op, float32", "route", "ms", "/ tinyvit's blocks"]
+    assert [(op, route) for op, route, _, _ in rows[1:]] == [
+        (op, route) for route in routes for op in (compiled.GELU_ROW, compiled.NORM_ROW)]
+    assert all(float(ms) > 0 for _, _, ms, _ in rows[1:])
+    with pytest.raises(SystemExit):
+        compiled.main(["--rows", "0"])

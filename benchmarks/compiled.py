@@ -1,0 +1,179 @@
+"""Would a compiled route earn its place? The fast tier's float32 GELU and LayerNorm forward
+written for numexpr and for Numba, against the NumPy blocks that tinyvit runs and PyTorch,
+interleaved on the same arrays.
+
+    pip install numexpr numba
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/compiled.py
+
+Each route computes the same formulas as ``tinyvit/fast/elementwise.py`` (the GELU by its
+erfc polynomial, LayerNorm in one pass over each row's mean and variance), on every core,
+and must agree with the blocks to float32 rounding before it is timed. A route that is not
+installed is left out of the table. The arrays are config C's at batch 128, as in
+benchmarks/ops.py: the MLP's (8320, 384) and the residual stream's (8320, 192).
+"""
+
+import argparse
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from machine import machine_report, print_machine, setup_backends, torch  # noqa: E402
+from tinyvit.fast import blocks, cpu, elementwise  # noqa: E402
+from tinyvit.nn.functional import SQRT_HALF  # noqa: E402
+
+C = np.float32(elementwise.ERFC_P * SQRT_HALF)  # t = 1 / (1 + C |x|)
+COEFFICIENTS = [np.float32(0.5 * c) for c in elementwise.ERFC_T]  # Phi(-|x|) = exp(-x^2/2) t P(t)
+EPS = 1e-6
+GELU_ROW, NORM_ROW = "GELU forward (M x 384)", "LayerNorm forward (M x 192)"
+
+
+def median_ms(fn, repeats):
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times)
+
+
+def numexpr_routes(threads):
+    """numexpr's GELU and LayerNorm, or {} when it is not installed."""
+    try:
+        import numexpr
+    except ImportError:
+        return {}
+    numexpr.set_num_threads(threads)
+    # its constants are float64 and would make every operation float64: pass them as float32
+    names = {f"c{i}": c for i, c in enumerate(COEFFICIENTS)} | {"C": C, "one": np.float32(1),
+                                                                "zero": np.float32(0),
+                                                                "half": np.float32(-0.5)}
+    t = "(one / (one + C * abs(x)))"
+    poly = "c5"
+    for i in range(4, -1, -1):
+        poly = f"(c{i} + {t} * {poly})"
+    gelu = f"where(x > zero, x, zero) - abs(x) * exp(half * x * x) * {t} * {poly}"
+
+    def gelu_numexpr(x, y):
+        numexpr.evaluate(gelu, local_dict=names | {"x": x}, out=y)
+
+    def layer_norm_numexpr(x, w, b, y):
+        mean = x.mean(axis=-1, keepdims=True)
+        xc = numexpr.evaluate("x - mean", local_dict={"x": x, "mean": mean})
+        var = numexpr.evaluate("sum(xc * xc, axis=1)", local_dict={"xc": xc})[:, None]
+        rstd = (1 / np.sqrt(var / x.shape[1] + EPS)).astype(np.float32)
+        numexpr.evaluate("xc * rstd * w + b", local_dict={"xc": xc, "rstd": rstd, "w": w, "b": b},
+                         out=y)
+
+    return {"numexpr": (gelu_numexpr, layer_norm_numexpr)}
+
+
+def numba_routes(threads):
+    """Numba's GELU and LayerNorm (parallel loops, fastmath), or {} when not installed."""
+    try:
+        import numba
+    except ImportError:
+        return {}
+    numba.set_num_threads(threads)
+    c0, c1, c2, c3, c4, c5 = COEFFICIENTS
+    one, half = np.float32(1), np.float32(-0.5)
+
+    @numba.njit(parallel=True, fastmath=True)
+    def gelu_numba(x, y):
+        x, y = x.ravel(), y.ravel()
+        for i in numba.prange(x.size):
+            a = abs(x[i])
+            t = one / (one + C * a)
+            p = c0 + t * (c1 + t * (c2 + t * (c3 + t * (c4 + t * c5))))
+            tail = math.exp(half * a * a) * t * p
+            y[i] = max(x[i], np.float32(0)) - a * tail
+
+    @numba.njit(parallel=True, fastmath=True)
+    def layer_norm_numba(x, w, b, y):
+        rows, d = x.shape
+        for r in numba.prange(rows):
+            mean = np.float32(0)
+            for j in range(d):
+                mean += x[r, j]
+            mean /= d
+            var = np.float32(0)
+            for j in range(d):
+                var += (x[r, j] - mean) ** 2
+            rstd = one / math.sqrt(var / d + np.float32(EPS))
+            for j in range(d):
+                y[r, j] = (x[r, j] - mean) * rstd * w[j] + b[j]
+
+    return {"Numba": (gelu_numba, layer_norm_numba)}
+
+
+def routes(threads):
+    """{name: (gelu(x, y), layer_norm(x, w, b, y))}: tinyvit's blocks and what is installed."""
+    gelu, norm = cpu.GELU().eval(), cpu.LayerNorm(192, eps=EPS).eval()
+
+    def gelu_blocks(x, y):
+        y[...] = gelu.forward(x)
+
+    def layer_norm_blocks(x, w, b, y):
+        norm.weight.data[...], norm.bias.data[...] = w, b
+        y[...] = norm.forward(x)
+
+    found = {"tinyvit (NumPy blocks)": (gelu_blocks, layer_norm_blocks)}
+    return found | numexpr_routes(threads) | numba_routes(threads)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
+    p.add_argument("--repeats", type=int, default=7, help="timed calls per turn (median)")
+    p.add_argument("--rows", type=int, default=8320, help="rows of each array (M)")
+    args = p.parse_args(argv)
+    for name in ("rounds", "repeats", "rows"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    setup_backends(gpu=False)
+    print_machine(machine_report(gpu=False))
+    threads = blocks.num_threads()
+    rng = np.random.default_rng(0)
+    u = rng.standard_normal((args.rows, 384), dtype=np.float32) * 2
+    x = rng.standard_normal((args.rows, 192), dtype=np.float32) + 0.5
+    w, b = rng.standard_normal(192, dtype=np.float32), rng.standard_normal(192, dtype=np.float32)
+    found = routes(threads)
+    calls, expected = {}, {}
+    for name, (gelu, norm) in found.items():
+        for op, call, arrays in ((GELU_ROW, gelu, (u,)), (NORM_ROW, norm, (x, w, b))):
+            out = np.empty_like(arrays[0])
+            call(*arrays, out)  # and compiled, for Numba
+            expected.setdefault(op, out)
+            error = np.abs(out - expected[op]).max() / np.abs(expected[op]).max()
+            if error > 1e-5:
+                sys.exit(f"{name}'s {op} differs from tinyvit's by {error:.1e} of its scale")
+            calls[op, name] = lambda call=call, arrays=arrays, out=out: call(*arrays, out)
+    if torch is not None:
+        F, tu, tx = torch.nn.functional, torch.from_numpy(u), torch.from_numpy(x)
+        tw, tb = torch.from_numpy(w), torch.from_numpy(b)
+        calls[GELU_ROW, "PyTorch"] = lambda: F.gelu(tu)
+        calls[NORM_ROW, "PyTorch"] = lambda: F.layer_norm(tx, (192,), tw, tb, EPS)
+    print(f"threads: {threads} for every route; routes: {', '.join(found)}"
+          f"{', PyTorch' if torch is not None else ''}")
+    times = {key: [] for key in calls}
+    for _ in range(args.rounds):
+        for key, call in calls.items():
+            times[key].append(median_ms(call, args.repeats))
+    print(f"M = {args.rows}")
+    print("| op, float32 | route | ms | / tinyvit's blocks |")
+    print("|---|---|---|---|")
+    for (op, name), ts in times.items():
+        ms = statistics.median(ts)
+        ours = statistics.median(times[op, "tinyvit (NumPy blocks)"])
+        print(f"| {op} | {name} | {ms:.2f} | {ms / ours:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
