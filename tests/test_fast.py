@@ -16,7 +16,7 @@ from conftest import jitter, output_shape, randn
 from cuda_mirrors import dropout_apply
 from tinyvit import backend as B
 from tinyvit import fast
-from tinyvit.fast import blocks, cpu, cpu_conv, elementwise
+from tinyvit.fast import blocks, cpu, cpu_conv, cpu_numba, elementwise
 from tinyvit.nn import conv, layers, loss, optim
 
 TOLERANCE = {np.float64: 1e-12, np.float32: 1e-5}
@@ -38,6 +38,17 @@ CASES = {
     conv.Conv2d: (lambda: conv.Conv2d(3, 4, 3, 2, 1, rng=B.host_rng(0)),
                   [(2, 3, 9, 9), (5, 3, 8, 7), (1, 3, 3, 3)]),
 }
+
+
+@pytest.fixture(params=[False, True], ids=["blocks", "numba"])
+def route(request):
+    """The CPU's GELU and LayerNorm in NumPy blocks, or compiled by Numba (skipped
+    where it is not installed); the choice undone after the test."""
+    if request.param and not cpu_numba.INSTALLED:
+        pytest.skip("Numba is not installed")
+    cpu_numba.set_compiled(request.param)
+    yield request.param
+    cpu_numba.set_compiled(None)
 
 
 def rel_err(ours, reference):
@@ -74,7 +85,7 @@ def kernel_cases():
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("cls, shape", kernel_cases(), ids=lambda c: getattr(c, "__name__", str(c)))
-def test_fast_kernel_equals_reference(backend, cls, shape, dtype):
+def test_fast_kernel_equals_reference(backend, route, cls, shape, dtype):
     if cls not in fast.kernels():
         pytest.skip(f"no fast {cls.__name__} on {backend}")
     reference, kernel = build(cls, "reference", dtype), build(cls, "fast", dtype)
@@ -171,7 +182,7 @@ def exact_gelu_and_derivative(x):
     return x * cdf, cdf + x * np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
 
 
-def test_float32_gelu_value_and_derivative_within_2e7():
+def test_float32_gelu_value_and_derivative_within_2e7(route):
     """float32 computes max(x, 0) - |x| Phi(-|x|) by its own erfc polynomial, and its
     derivative: both within 2e-7 (relative to max(1, |x|)), the same values in eval mode."""
     x = np.linspace(-10, 10, 20001).astype(np.float32)
@@ -246,6 +257,35 @@ def test_a_kernel_gives_the_same_bits_on_any_thread_count_and_block_size(threads
     for y, dydx in results[1:]:
         np.testing.assert_array_equal(y, results[0][0])
         np.testing.assert_array_equal(dydx, results[0][1])
+
+
+@pytest.mark.skipif(not cpu_numba.INSTALLED, reason="Numba is not installed")
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_compiled_kernels_give_the_same_bits_on_one_thread_and_on_two(threads, dtype):
+    """Numba's GELU (float32) and LayerNorm with its residual add and skip gradient,
+    forward and backward, more rows than one chunk of the column sums."""
+    rng = np.random.default_rng(0)
+    x, r, dy, dskip = (rng.standard_normal((3 * cpu_numba.CHUNK_ROWS + 5, 48)).astype(dtype)
+                       for _ in range(4))
+    weight, bias = rng.standard_normal(48).astype(dtype), rng.standard_normal(48).astype(dtype)
+    results = []
+    for count in (1, 2):
+        threads(count)
+        s, xhat, rstd, y = cpu_numba.layer_norm(x, r, weight, bias, 1e-6)
+        outputs = [s, y, *cpu_numba.layer_norm_backward(dy, xhat, rstd, weight, dskip)]
+        if dtype == np.float32:
+            outputs += cpu_numba.gelu(x, bias, train=True)
+        results.append(outputs)
+    for one, two in zip(*results, strict=True):
+        np.testing.assert_array_equal(one, two)
+
+
+def test_set_compiled_true_without_numba_names_the_extra(monkeypatch):
+    monkeypatch.setattr(cpu_numba, "INSTALLED", False)
+    assert not cpu_numba.compiled()
+    with pytest.raises(ImportError,
+                       match=r'set_compiled\(True\) needs Numba: pip install -e "\.\[numba\]"'):
+        cpu_numba.set_compiled(True)
 
 
 def test_threads_follow_set_num_threads_then_the_environment_then_the_cores(threads, monkeypatch):

@@ -33,6 +33,7 @@ import math
 from ..backend import xp
 from ..checks import check_float
 from ..nn import conv, layers, optim
+from . import cpu_numba
 from .blocks import each_block
 from .cpu_conv import Conv2d
 from .elementwise import (
@@ -82,6 +83,11 @@ class LayerNorm(FastKernel, layers.LayerNorm):
 
     def forward_residual(self, x, r=None):
         """(s, y): s = x + r (x itself when r is None) and y = LayerNorm(s)."""
+        if cpu_numba.compiled():
+            s, xhat, rstd, y = cpu_numba.layer_norm(rows_of(x), None if r is None else rows_of(r),
+                                                    self.weight.data, self.bias.data, self.eps)
+            self.cache = (xhat, rstd) if self.training else None
+            return s.reshape(x.shape), y.reshape(x.shape)
         s = x if r is None else xp.empty(x.shape, dtype=x.dtype)
         xhat, y = xp.empty(x.shape, dtype=x.dtype), xp.empty(x.shape, dtype=x.dtype)
         rstd = xp.empty((*x.shape[:-1], 1), dtype=x.dtype)
@@ -115,6 +121,13 @@ class LayerNorm(FastKernel, layers.LayerNorm):
     def backward_residual(self, dout, dskip=None):
         """dx, plus ``dskip`` (the gradient a skip connection adds) when given."""
         xhat, rstd = self._take_cache()
+        if cpu_numba.compiled():
+            dx, dgamma, dbeta = cpu_numba.layer_norm_backward(
+                rows_of(dout), rows_of(xhat), rows_of(rstd), self.weight.data,
+                None if dskip is None else rows_of(dskip))
+            self.weight.grad += dgamma
+            self.bias.grad += dbeta
+            return dx.reshape(dout.shape)
         dx = xp.empty(dout.shape, dtype=dout.dtype)
         w, inv_d = self.weight.data, 1.0 / self.dim
 
@@ -157,6 +170,10 @@ class GELU(FastKernel, layers.GELU):
 
     def forward(self, x, bias=None):
         check_float(x, "GELU")
+        if self.approximate != "tanh" and x.dtype == xp.float32 and cpu_numba.compiled():
+            y, dydx = cpu_numba.gelu(rows_of(x), bias, self.training)
+            self.cache = None if dydx is None else dydx.reshape(x.shape)
+            return y.reshape(x.shape)
         gelu = gelu_tanh if self.approximate == "tanh" else gelu_erf
         y = xp.empty(x.shape, dtype=x.dtype)
         dydx = xp.empty(x.shape, dtype=x.dtype) if self.training else None
