@@ -1,19 +1,18 @@
-"""Would a compiled route earn its place? The fast tier's float32 GELU and LayerNorm forward
-written for numexpr and for Numba, against the NumPy blocks that tinyvit runs and PyTorch,
-interleaved on the same arrays.
+"""Does a compiled route earn its place? The fast tier's float32 GELU and LayerNorm forward
+in NumPy blocks, written for numexpr, and compiled by Numba (tinyvit's own
+``tinyvit/fast/cpu_numba.py``), against PyTorch, interleaved on the same arrays.
 
     pip install numexpr numba
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/compiled.py
 
-Each route computes the same formulas as ``tinyvit/fast/elementwise.py`` (the GELU by its
-erfc polynomial, LayerNorm in one pass over each row's mean and variance), on every core,
-and must agree with the blocks to float32 rounding before it is timed. A route that is not
-installed is left out of the table. The arrays are config C's at batch 128, as in
-benchmarks/ops.py: the MLP's (8320, 384) and the residual stream's (8320, 192).
+Each route computes the formulas of ``tinyvit/fast/elementwise.py`` (GELU by its erfc
+polynomial, LayerNorm from each row's mean and variance), on every core, and must agree with
+the blocks to 1e-5 of their scale before it is timed. A route that is not installed is left
+out of the table. The arrays are config C's at batch 128, as in benchmarks/ops.py: the MLP's
+(8320, 384) and the residual stream's (8320, 192).
 """
 
 import argparse
-import math
 import statistics
 import sys
 import time
@@ -25,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from machine import machine_report, print_machine, setup_backends, torch  # noqa: E402
-from tinyvit.fast import blocks, cpu, elementwise  # noqa: E402
+from tinyvit.fast import blocks, cpu, cpu_numba, elementwise  # noqa: E402
 from tinyvit.nn.functional import SQRT_HALF  # noqa: E402
 
 C = np.float32(elementwise.ERFC_P * SQRT_HALF)  # t = 1 / (1 + C |x|)
@@ -75,57 +74,37 @@ def numexpr_routes(threads):
     return {"numexpr": (gelu_numexpr, layer_norm_numexpr)}
 
 
-def numba_routes(threads):
-    """Numba's GELU and LayerNorm (parallel loops, fastmath), or {} when not installed."""
-    try:
-        import numba
-    except ImportError:
+def numba_routes():
+    """tinyvit's own compiled kernels (tinyvit/fast/cpu_numba.py), or {} without Numba."""
+    if not cpu_numba.INSTALLED:
         return {}
-    numba.set_num_threads(threads)
-    c0, c1, c2, c3, c4, c5 = COEFFICIENTS
-    one, half = np.float32(1), np.float32(-0.5)
 
-    @numba.njit(parallel=True, fastmath=True)
     def gelu_numba(x, y):
-        x, y = x.ravel(), y.ravel()
-        for i in numba.prange(x.size):
-            a = abs(x[i])
-            t = one / (one + C * a)
-            p = c0 + t * (c1 + t * (c2 + t * (c3 + t * (c4 + t * c5))))
-            tail = math.exp(half * a * a) * t * p
-            y[i] = max(x[i], np.float32(0)) - a * tail
+        y[...] = cpu_numba.gelu(x, None, train=False)[0]
 
-    @numba.njit(parallel=True, fastmath=True)
     def layer_norm_numba(x, w, b, y):
-        rows, d = x.shape
-        for r in numba.prange(rows):
-            mean = np.float32(0)
-            for j in range(d):
-                mean += x[r, j]
-            mean /= d
-            var = np.float32(0)
-            for j in range(d):
-                var += (x[r, j] - mean) ** 2
-            rstd = one / math.sqrt(var / d + np.float32(EPS))
-            for j in range(d):
-                y[r, j] = (x[r, j] - mean) * rstd * w[j] + b[j]
+        y[...] = cpu_numba.layer_norm(x, None, w, b, EPS)[3]
 
-    return {"Numba": (gelu_numba, layer_norm_numba)}
+    return {"Numba (tinyvit.fast.cpu_numba)": (gelu_numba, layer_norm_numba)}
 
 
 def routes(threads):
     """{name: (gelu(x, y), layer_norm(x, w, b, y))}: tinyvit's blocks and what is installed."""
-    gelu, norm = cpu.GELU().eval(), cpu.LayerNorm(192, eps=EPS).eval()
+    norm = cpu.LayerNorm(192, eps=EPS).eval()
 
     def gelu_blocks(x, y):
-        y[...] = gelu.forward(x)
+        blocks.each_block(lambda x, y: elementwise.gelu_erf(x, y, None), x, y)
 
     def layer_norm_blocks(x, w, b, y):
         norm.weight.data[...], norm.bias.data[...] = w, b
-        y[...] = norm.forward(x)
+        cpu_numba.set_compiled(False)
+        try:
+            y[...] = norm.forward(x)
+        finally:
+            cpu_numba.set_compiled(None)
 
     found = {"tinyvit (NumPy blocks)": (gelu_blocks, layer_norm_blocks)}
-    return found | numexpr_routes(threads) | numba_routes(threads)
+    return found | numexpr_routes(threads) | numba_routes()
 
 
 def main(argv=None):
@@ -149,7 +128,7 @@ def main(argv=None):
     for name, (gelu, norm) in found.items():
         for op, call, arrays in ((GELU_ROW, gelu, (u,)), (NORM_ROW, norm, (x, w, b))):
             out = np.empty_like(arrays[0])
-            call(*arrays, out)  # and compiled, for Numba
+            call(*arrays, out)  # and, for Numba, compiled
             expected.setdefault(op, out)
             error = np.abs(out - expected[op]).max() / np.abs(expected[op]).max()
             if error > 1e-5:

@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "tests"))  # torch_reference.py
 
 from machine import machine_report, print_machine, setup_backends, torch  # noqa: E402
-from tinyvit.fast import accelerate, blocks, cpu, elementwise  # noqa: E402
+from tinyvit.fast import accelerate, blocks, cpu, cpu_numba, elementwise  # noqa: E402
 from tinyvit.nn import layers  # noqa: E402
 
 MiB = 1 << 20
@@ -335,7 +335,9 @@ def main(argv=None):
         sys.exit("benchmarks/ops.py compares with PyTorch: pip install torch")
     setup_backends(gpu=False)
     print_machine(machine_report(gpu=False))
-    print(f"tinyvit threads {blocks.num_threads()}, torch threads {torch.get_num_threads()}")
+    print(f"tinyvit threads {blocks.num_threads()}, torch threads {torch.get_num_threads()}; "
+          f"GELU and LayerNorm {'compiled by Numba' if cpu_numba.compiled() else 'in NumPy blocks'}"
+          f" (TINYVIT_NUMBA=0: the blocks)")
     bandwidth, gemm = bandwidth_and_gemm(args.repeats)
     table, medians = run(args.rounds, args.repeats, args.batch)
     print_table(table, medians, bandwidth, gemm)
