@@ -20,6 +20,8 @@ contract, and overrides only what it does faster. What makes each faster:
   scores, the gradients of q, k and v written straight into dqkv;
 - ``Dropout``, ``AdamW``: the mask and the update in blocks;
 - ``Linear``: the bias gradient summed by einsum (``Conv2d``: ``cpu_conv.py``).
+Where Numba is installed, GELU (float32) and LayerNorm run ``cpu_numba.py``'s compiled
+loops instead of their blocks (the same formulas).
 
 ``tests/test_fast.py`` checks every class here against its reference;
 docs/performance.md has what each change measured.
