@@ -60,16 +60,16 @@ def numexpr_routes(threads):
         poly = f"(c{i} + {t} * {poly})"
     gelu = f"where(x > zero, x, zero) - abs(x) * exp(half * x * x) * {t} * {poly}"
 
-    def gelu_numexpr(x, y):
-        numexpr.evaluate(gelu, local_dict=names | {"x": x}, out=y)
+    def gelu_numexpr(x):
+        return numexpr.evaluate(gelu, local_dict=names | {"x": x})
 
-    def layer_norm_numexpr(x, w, b, y):
+    def layer_norm_numexpr(x, w, b):
         mean = x.mean(axis=-1, keepdims=True)
         xc = numexpr.evaluate("x - mean", local_dict={"x": x, "mean": mean})
         var = numexpr.evaluate("sum(xc * xc, axis=1)", local_dict={"xc": xc})[:, None]
         rstd = (1 / np.sqrt(var / x.shape[1] + EPS)).astype(np.float32)
-        numexpr.evaluate("xc * rstd * w + b", local_dict={"xc": xc, "rstd": rstd, "w": w, "b": b},
-                         out=y)
+        return numexpr.evaluate("xc * rstd * w + b",
+                                local_dict={"xc": xc, "rstd": rstd, "w": w, "b": b})
 
     return {"numexpr": (gelu_numexpr, layer_norm_numexpr)}
 
@@ -79,27 +79,30 @@ def numba_routes():
     if not cpu_numba.INSTALLED:
         return {}
 
-    def gelu_numba(x, y):
-        y[...] = cpu_numba.gelu(x, None, train=False)[0]
+    def gelu_numba(x):
+        return cpu_numba.gelu(x, None, train=False)[0]
 
-    def layer_norm_numba(x, w, b, y):
-        y[...] = cpu_numba.layer_norm(x, None, w, b, EPS)[3]
+    def layer_norm_numba(x, w, b):
+        return cpu_numba.layer_norm(x, None, w, b, EPS, keep=False)[3]
 
     return {"Numba (tinyvit.fast.cpu_numba)": (gelu_numba, layer_norm_numba)}
 
 
 def routes(threads):
-    """{name: (gelu(x, y), layer_norm(x, w, b, y))}: tinyvit's blocks and what is installed."""
+    """{name: (gelu(x), layer_norm(x, w, b))}: tinyvit's blocks and what is installed, each
+    returning a new array, as the layers do."""
     norm = cpu.LayerNorm(192, eps=EPS).eval()
 
-    def gelu_blocks(x, y):
+    def gelu_blocks(x):
+        y = np.empty_like(x)
         blocks.each_block(lambda x, y: elementwise.gelu_erf(x, y, None), x, y)
+        return y
 
-    def layer_norm_blocks(x, w, b, y):
+    def layer_norm_blocks(x, w, b):
         norm.weight.data[...], norm.bias.data[...] = w, b
         cpu_numba.set_compiled(False)
         try:
-            y[...] = norm.forward(x)
+            return norm.forward(x)
         finally:
             cpu_numba.set_compiled(None)
 
@@ -127,13 +130,12 @@ def main(argv=None):
     calls, expected = {}, {}
     for name, (gelu, norm) in found.items():
         for op, call, arrays in ((GELU_ROW, gelu, (u,)), (NORM_ROW, norm, (x, w, b))):
-            out = np.empty_like(arrays[0])
-            call(*arrays, out)  # and, for Numba, compiled
+            out = call(*arrays)  # and, for Numba, compiled
             expected.setdefault(op, out)
             error = np.abs(out - expected[op]).max() / np.abs(expected[op]).max()
             if error > 1e-5:
                 sys.exit(f"{name}'s {op} differs from tinyvit's by {error:.1e} of its scale")
-            calls[op, name] = lambda call=call, arrays=arrays, out=out: call(*arrays, out)
+            calls[op, name] = lambda call=call, arrays=arrays: call(*arrays)
     if torch is not None:
         F, tu, tx = torch.nn.functional, torch.from_numpy(u), torch.from_numpy(x)
         tw, tb = torch.from_numpy(w), torch.from_numpy(b)

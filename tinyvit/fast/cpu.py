@@ -87,7 +87,8 @@ class LayerNorm(FastKernel, layers.LayerNorm):
         """(s, y): s = x + r (x itself when r is None) and y = LayerNorm(s)."""
         if cpu_numba.compiled():
             s, xhat, rstd, y = cpu_numba.layer_norm(rows_of(x), None if r is None else rows_of(r),
-                                                    self.weight.data, self.bias.data, self.eps)
+                                                    self.weight.data, self.bias.data, self.eps,
+                                                    keep=self.training)
             self.cache = (xhat, rstd) if self.training else None
             return s.reshape(x.shape), y.reshape(x.shape)
         s = x if r is None else xp.empty(x.shape, dtype=x.dtype)

@@ -131,8 +131,9 @@ def gelu(u, bias, train):
 # -- LayerNorm ----------------------------------------------------------------------------
 
 
-def _layer_norm(x, r, add, w, b, eps, s, xhat, rstd, y):
-    """s = x + r (if add), xhat = (s - mean) rstd, y = xhat w + b, row by row."""
+def _layer_norm(x, r, add, w, b, eps, s, xhat, keep, rstd, y):
+    """s = x + r (if add), xhat = (s - mean) rstd (kept if keep), y = xhat w + b, row
+    by row."""
     M, D = x.shape
     for m in prange(M):
         mean = 0.0
@@ -144,25 +145,28 @@ def _layer_norm(x, r, add, w, b, eps, s, xhat, rstd, y):
         mean /= D
         var = 0.0
         for j in range(D):
-            c = (x[m, j] + r[m, j] if add else x[m, j]) - mean
-            xhat[m, j] = c
+            c = s[m, j] - mean
             var += c * c
         inv = 1.0 / math.sqrt(var / D + eps)
         rstd[m, 0] = inv
         for j in range(D):
-            h = xhat[m, j] * inv
-            xhat[m, j] = h
+            h = (s[m, j] - mean) * inv
+            if keep:
+                xhat[m, j] = h
             y[m, j] = h * w[j] + b[j]
 
 
-def layer_norm(x, r, weight, bias, eps):
-    """(s, xhat, rstd, y) for (M, D) x and r (None: s is x)."""
+def layer_norm(x, r, weight, bias, eps, keep):
+    """(s, xhat or None, rstd, y) for (M, D) x and r (None: s is x); xhat is kept for
+    the backward if keep."""
     add = r is not None
     s = xp.empty(x.shape, dtype=x.dtype) if add else x
-    xhat, y = xp.empty(x.shape, dtype=x.dtype), xp.empty(x.shape, dtype=x.dtype)
+    xhat = xp.empty(x.shape if keep else (0, 0), dtype=x.dtype)
+    y = xp.empty(x.shape, dtype=x.dtype)
     rstd = xp.empty((len(x), 1), dtype=x.dtype)
-    _launch_with_threads(_layer_norm, x, r if add else x, add, weight, bias, eps, s, xhat, rstd, y)
-    return s, xhat, rstd, y
+    _launch_with_threads(_layer_norm, x, r if add else x, add, weight, bias, eps, s, xhat, keep,
+                         rstd, y)
+    return s, (xhat if keep else None), rstd, y
 
 
 def _layer_norm_backward(dout, xhat, rstd, w, dskip, add, dx, dgamma, dbeta):
