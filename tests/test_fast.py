@@ -280,6 +280,18 @@ def test_compiled_kernels_give_the_same_bits_on_one_thread_and_on_two(threads, d
         np.testing.assert_array_equal(one, two)
 
 
+@pytest.mark.skipif(not cpu_numba.INSTALLED, reason="Numba is not installed")
+def test_tinyvit_numba_turns_the_compiled_kernels_off_and_refuses_other_values(monkeypatch):
+    monkeypatch.setenv(cpu_numba.ENVIRONMENT_VARIABLE, "0")
+    assert not cpu_numba.compiled()
+    monkeypatch.setenv(cpu_numba.ENVIRONMENT_VARIABLE, "1")
+    assert cpu_numba.compiled()
+    monkeypatch.setenv(cpu_numba.ENVIRONMENT_VARIABLE, "off")
+    with pytest.raises(ValueError, match=r"TINYVIT_NUMBA: expected 1 \(compiled, where Numba is "
+                                         r"installed\) or 0 \(the NumPy blocks\), got 'off'"):
+        cpu_numba.compiled()
+
+
 def test_set_compiled_true_without_numba_names_the_extra(monkeypatch):
     monkeypatch.setattr(cpu_numba, "INSTALLED", False)
     assert not cpu_numba.compiled()

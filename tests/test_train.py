@@ -23,6 +23,7 @@ from conftest import (
 )
 from tinyvit import backend as B
 from tinyvit.data import DatasetError
+from tinyvit.fast import cpu_numba
 from tinyvit.models import ViT
 from tinyvit.train import TrainConfig, fit, load_trained, predict
 from tinyvit.train.parallel import auto_workers
@@ -451,7 +452,10 @@ def test_the_trainer_says_which_layers_it_runs(stripes, tmp_path, capsys, flags,
             "--batch-size", "32", *flags]
     capsys.readouterr()
     assert train_mnist.main(args) == 0
-    assert capsys.readouterr().out.splitlines()[0].startswith(first_line)
+    line = capsys.readouterr().out.splitlines()[0]
+    assert line.startswith(first_line)
+    compiled = "; GELU and LayerNorm compiled by Numba (TINYVIT_NUMBA=0: in NumPy blocks)"
+    assert line.endswith(compiled) == (not flags and cpu_numba.compiled())
     _, _, meta = load_checkpoint(out / "last.npz")
     assert meta["config"]["tier"] == ("reference" if flags else "fast")
 

@@ -50,7 +50,11 @@ def compiled():
         return False
     if _chosen is not None:
         return _chosen
-    return os.environ.get(ENVIRONMENT_VARIABLE, "1") != "0"
+    setting = os.environ.get(ENVIRONMENT_VARIABLE, "1").strip()
+    if setting not in ("0", "1"):
+        raise ValueError(f"{ENVIRONMENT_VARIABLE}: expected 1 (compiled, where Numba is "
+                         f"installed) or 0 (the NumPy blocks), got {setting!r}")
+    return setting == "1"
 
 
 def set_compiled(on):

@@ -26,6 +26,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from ..backend import get_backend, on_cpu, set_backend
+from ..fast import cpu_numba
 from ..files import NoSpaceError, atomic_write
 from ..models import ViT
 from ..weights import CheckpointError, save_checkpoint, saved_model_config
@@ -336,8 +337,10 @@ def _print_start(config, trainer, batches, init_notes, memory):
     if comm is None and config.workers > cpu_cores():
         processes += (f", more than the {cpu_cores()} CPU cores here: they take turns, and each "
                       f"step is slower than with --workers {cpu_cores()}")
-    graph = ", the step captured in a CUDA graph" if config.cuda_graph else ""
-    print(f"layers: {model.describe_tier()}{graph}")
+    how = ", the step captured in a CUDA graph" if config.cuda_graph else ""
+    if config.tier == "fast" and on_cpu() and cpu_numba.compiled():
+        how = "; GELU and LayerNorm compiled by Numba (TINYVIT_NUMBA=0: in NumPy blocks)"
+    print(f"layers: {model.describe_tier()}{how}")
     print(f"{config.dataset}: {batches.images.shape[0]} training images, "
           f"{len(batches)} steps/epoch, {epochs}, backend {get_backend()}, {processes}")
     print(f"model: {model.num_parameters():,} parameters, {model.config}")
