@@ -10,9 +10,9 @@ GELU as ``max(x, 0) - |x| Phi(-|x|)`` by the same erfc polynomial, its derivativ
 
     dx = rstd (g - mean(g) - xhat mean(g xhat)),   g = dy * gamma,
 
-summed in float64 for every row. ``benchmarks/compiled.py`` measured why only these
-two: a compiled LayerNorm runs at PyTorch's speed, five times the blocks', and GELU
-(whose ``exp`` Numba calls once per element rather than vectorized) twice the blocks'.
+summed in float64 for every row. Compiled, LayerNorm takes a third to a half of the
+blocks' time and GELU a quarter to a half (``benchmarks/compiled.py``, ``ops.py``;
+docs/design.md says why these two).
 
 ``cpu.GELU`` (float32; float64 keeps the exact erf) and ``cpu.LayerNorm`` call
 these when ``compiled()`` says so: Numba is installed and neither
