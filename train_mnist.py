@@ -22,6 +22,7 @@ import traceback
 from tinyvit.allocator import keep_freed_memory
 from tinyvit.backend import BackendError
 from tinyvit.data import DatasetError
+from tinyvit.fast import check_environment
 from tinyvit.files import NoSpaceError
 from tinyvit.train import (
     RunRefused,
@@ -216,6 +217,7 @@ def main(argv=None):
     rank, size = launched()
     try:
         args, mode = parse_args(argv)
+        check_environment()  # TINYVIT_NUM_THREADS, TINYVIT_NUMBA
         config = make_config(args) if mode == "train" else None
         world = communicator() if size > 1 else None
     except (ValueError, LaunchError) as error:  # a flag out of range, or one its mode would

@@ -292,6 +292,50 @@ def test_tinyvit_numba_turns_the_compiled_kernels_off_and_refuses_other_values(m
         cpu_numba.compiled()
 
 
+def test_set_compiled_takes_true_false_or_none():
+    with pytest.raises(ValueError, match=r"set_compiled: expected True, False or None, got '0'"):
+        cpu_numba.set_compiled("0")
+
+
+def test_fast_layernorm_refuses_a_wrong_last_axis_and_integers_on_either_route(route):
+    norm = cpu.LayerNorm(64)
+    with pytest.raises(ValueError, match=r"LayerNorm: expected last axis 64, got input of shape "
+                                         r"\(5, 4000\)"):
+        norm.forward(np.ones((5, 4000)))
+    with pytest.raises(ValueError, match="LayerNorm: expected a float array, got dtype int64"):
+        norm.forward(np.ones((5, 64), dtype=np.int64))
+
+
+def test_float32_gelu_far_from_zero_is_x_or_0_with_slope_1_or_0(route):
+    """Beyond |x| = 8, Phi(x) is 1 or 0 to float32 rounding: y = max(x, 0), y' = 1 or 0,
+    up to magnitudes where x^2 overflows."""
+    x = np.float32([9, 1e4, 1e9, 1e30, -9, -1e4, -1e9, -1e30])
+    gelu = cpu.GELU()
+    y = gelu.forward(x)
+    dydx = gelu.backward(np.ones_like(x))
+    np.testing.assert_allclose(y, np.maximum(x, 0), rtol=1e-7, atol=1e-12)  # -9 Phi(-9) = -1e-18
+    np.testing.assert_allclose(dydx, (x > 0).astype(np.float32), rtol=0, atol=1e-12)
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs os.fork")
+@pytest.mark.skipif(not cpu_numba.INSTALLED, reason="Numba is not installed")
+def test_a_child_forked_while_a_compiled_loop_runs_computes_its_own(route):
+    """A fork while another thread is inside a compiled loop (its launch lock held, here
+    by the test): the child's own loops run, instead of waiting on a lock no thread of
+    its own holds (the child kills itself after 20 s if they do not)."""
+    import os
+    x = np.random.default_rng(0).standard_normal((300, 40)).astype(np.float32)
+    y = cpu.GELU().forward(x)
+    with cpu_numba._launch:
+        pid = os.fork()
+        if pid == 0:
+            import signal
+            signal.alarm(20)
+            os._exit(0 if np.array_equal(cpu.GELU().forward(x), y) else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
 def test_set_compiled_true_without_numba_names_the_extra(monkeypatch):
     monkeypatch.setattr(cpu_numba, "INSTALLED", False)
     assert not cpu_numba.compiled()

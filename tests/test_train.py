@@ -460,6 +460,18 @@ def test_the_trainer_says_which_layers_it_runs(stripes, tmp_path, capsys, flags,
     assert meta["config"]["tier"] == ("reference" if flags else "fast")
 
 
+@pytest.mark.parametrize("variable, value", [("TINYVIT_NUMBA", "yes"),
+                                             ("TINYVIT_NUM_THREADS", "abc")])
+def test_a_bad_kernel_setting_is_one_line_before_any_work(stripes, tmp_path, capsys,
+                                                           monkeypatch, variable, value):
+    monkeypatch.setenv(variable, value)
+    args = ["--data-dir", str(stripes), "--out", str(tmp_path / "run"), "--epochs", "1"]
+    assert train_mnist.main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"train_mnist.py: error: {variable}: expected ") and err.count("\n") == 1
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_full_disk_keeps_the_last_checkpoint_and_says_how_to_resume(stripes, tmp_path,
                                                                      monkeypatch, capsys):
     """Epoch 1's best.npz meets a full disk (ENOSPC): its last.npz, written first, is

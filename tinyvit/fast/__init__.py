@@ -24,7 +24,7 @@ nothing), and a layer's ``tier`` and ``repr`` say which code it runs.
 
 from ..backend import get_backend
 from ..nn.module import Module
-from . import cpu, gpu
+from . import blocks, cpu, cpu_numba, gpu
 
 KERNELS = {"numpy": cpu.KERNELS, "cupy": gpu.KERNELS}  # backend -> {reference class: kernel}
 
@@ -58,3 +58,10 @@ def for_tier(tier):
     if tier not in ("fast", "reference"):
         raise ValueError(f"tier must be 'fast' or 'reference', got {tier!r}")
     return accelerate if tier == "fast" else (lambda part: part)
+
+
+def check_environment():
+    """A ValueError naming the variable if ``TINYVIT_NUM_THREADS`` or ``TINYVIT_NUMBA``
+    holds a value the CPU kernels would refuse at their first call."""
+    blocks.num_threads()
+    cpu_numba.compiled()

@@ -83,9 +83,18 @@ class LayerNorm(FastKernel, layers.LayerNorm):
     def forward(self, x):
         return self.forward_residual(x)[1]
 
+    def compiled_for(self, x):
+        """Whether ``cpu_numba``'s loops take x: float32 or float64, the parameters' dtype."""
+        return (x.dtype in (xp.float32, xp.float64) and x.dtype == self.weight.data.dtype
+                and cpu_numba.compiled())
+
     def forward_residual(self, x, r=None):
         """(s, y): s = x + r (x itself when r is None) and y = LayerNorm(s)."""
-        if cpu_numba.compiled():
+        check_float(x, "LayerNorm")
+        if x.shape[-1] != self.dim:
+            raise ValueError(f"LayerNorm: expected last axis {self.dim}, got input of shape "
+                             f"{x.shape}")
+        if self.compiled_for(x):
             s, xhat, rstd, y = cpu_numba.layer_norm(rows_of(x), None if r is None else rows_of(r),
                                                     self.weight.data, self.bias.data, self.eps,
                                                     keep=self.training)
@@ -124,7 +133,7 @@ class LayerNorm(FastKernel, layers.LayerNorm):
     def backward_residual(self, dout, dskip=None):
         """dx, plus ``dskip`` (the gradient a skip connection adds) when given."""
         xhat, rstd = self._take_cache()
-        if cpu_numba.compiled():
+        if self.compiled_for(dout):
             dx, dgamma, dbeta = cpu_numba.layer_norm_backward(
                 rows_of(dout), rows_of(xhat), rows_of(rstd), self.weight.data,
                 None if dskip is None else rows_of(dskip))

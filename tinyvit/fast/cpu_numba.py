@@ -10,9 +10,8 @@ GELU as ``max(x, 0) - |x| Phi(-|x|)`` by the same erfc polynomial, its derivativ
 
     dx = rstd (g - mean(g) - xhat mean(g xhat)),   g = dy * gamma,
 
-summed in float64 for every row. Compiled, LayerNorm takes a third to a half of the
-blocks' time and GELU a quarter to a half (``benchmarks/compiled.py``, ``ops.py``;
-docs/design.md says why these two).
+summed in float64 for every row. Compiled, each takes a quarter to a half of the
+blocks' time (``benchmarks/compiled.py``, ``ops.py``; docs/design.md says why these two).
 
 ``cpu.GELU`` (float32; float64 keeps the exact erf) and ``cpu.LayerNorm`` call
 these when ``compiled()`` says so: Numba is installed and neither
@@ -22,8 +21,9 @@ the column sums of LayerNorm's backward are taken per chunk of CHUNK_ROWS rows
 and the chunks added in order. The threads are Numba's "workqueue" layer, whose
 idle threads sleep (the OpenMP layer's threads spin, and took the cores from OpenBLAS's
 products: docs/performance.md), one loop at a time, unless
-``NUMBA_THREADING_LAYER`` says otherwise. The first call compiles (a few
-seconds, then cached on disk beside this file).
+``NUMBA_THREADING_LAYER`` says otherwise. The first call for each dtype compiles
+(a few seconds, then cached on disk beside this file); the arrays are made
+contiguous first, so that one layout is compiled.
 """
 
 import functools
@@ -36,6 +36,7 @@ from ..backend import xp
 from ..nn.functional import INV_SQRT_2PI, SQRT_HALF
 from .blocks import num_threads
 from .elementwise import ERFC_P, ERFC_T
+from .openblas import limit_spinning
 
 INSTALLED = importlib.util.find_spec("numba") is not None  # imported at the first call
 
@@ -61,6 +62,8 @@ def set_compiled(on):
     """Use the compiled kernels (True), the NumPy blocks (False), or what
     ``TINYVIT_NUMBA`` says (None)."""
     global _chosen
+    if on not in (True, False, None):
+        raise ValueError(f"set_compiled: expected True, False or None, got {on!r}")
     if on and not INSTALLED:
         raise ImportError('set_compiled(True) needs Numba: pip install -e ".[numba]"')
     _chosen = on
@@ -68,6 +71,16 @@ def set_compiled(on):
 
 prange = range  # the loops' range: Numba's parallel one once Numba is imported
 _launch = threading.Lock()  # one parallel loop at a time: the workqueue layer runs one
+
+
+def _forget_launch():
+    """In a forked child: a lock held by a parent's thread would never be released."""
+    global _launch
+    _launch = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_launch)
 
 
 @functools.cache
@@ -79,6 +92,7 @@ def _numba():
     if "NUMBA_THREADING_LAYER" not in os.environ:  # a user's choice of layer wins
         numba.config.THREADING_LAYER = "workqueue"
     prange = numba.prange
+    limit_spinning()  # its threads, like the blocks', need the cores OpenBLAS's idle ones hold
     return numba
 
 
@@ -88,7 +102,9 @@ def _compiled(function):
 
 
 def _launch_with_threads(function, *arrays):
-    """``function(*arrays)``, compiled, on ``blocks.num_threads()`` of Numba's threads."""
+    """``function(*arrays)``, compiled, on ``blocks.num_threads()`` of Numba's threads;
+    an array not contiguous is copied first (the outputs, new, are)."""
+    arrays = [xp.ascontiguousarray(a) if hasattr(a, "ndim") else a for a in arrays]
     numba = _numba()
     with _launch:
         numba.set_num_threads(min(num_threads(), numba.config.NUMBA_NUM_THREADS))
@@ -99,7 +115,7 @@ def _launch_with_threads(function, *arrays):
 
 P = ERFC_P * SQRT_HALF  # t = 1 / (1 + P |x|): erfc(|x| / sqrt 2) = exp(-x^2 / 2) t ERFC_T(t)
 T0, T1, T2, T3, T4, T5 = ERFC_T
-GAUSS_FLOOR = -32.0  # exp(-x^2 / 2) for |x| <= 8; beyond, 1e-14 is as good as its value
+GAUSS_FLOOR = -32.0  # exp(-x^2 / 2) for |x| <= 8; beyond, 0 (it is below 1.3e-14)
 
 
 def _gelu(u, bias, y, dydx, train):
@@ -112,13 +128,15 @@ def _gelu(u, bias, y, dydx, train):
         for j in range(D):
             x = float(u[m, j]) + float(bias[j])
             a = abs(x)
-            w = max(-0.5 * x * x, GAUSS_FLOOR) / 256.0
+            g = -0.5 * x * x
+            w = max(g, GAUSS_FLOOR) / 256.0
             gauss = 1 + w * (1 + w * (1 / 2 + w * (1 / 6 + w * (1 / 24 + w * (1 / 120 + w / 720)))))
             for _ in range(8):
                 gauss *= gauss  # exp(-x^2 / 2)
+            gauss = gauss if g >= GAUSS_FLOOR else 0.0
             t = 1.0 / (1.0 + P * a)
             tail = 0.5 * gauss * t * (T0 + t * (T1 + t * (T2 + t * (T3 + t * (T4 + t * T5)))))
-            y[m, j] = max(x, 0.0) - a * tail  # tail = Phi(-|x|)
+            y[m, j] = max(x, 0.0) - (a * tail if tail > 0.0 else 0.0)  # tail = Phi(-|x|)
             if train:  # Phi(x) + x phi(x)
                 dydx[m, j] = 0.5 + math.copysign(0.5 - tail, x) + x * gauss * INV_SQRT_2PI
 
