@@ -5,8 +5,8 @@ After each product, OpenBLAS's worker threads wait for the next one by spinning,
 products with elementwise work that ``blocks.each_block`` spreads over the same cores,
 so for most of a step a spinning OpenBLAS thread holds a core that a block thread is
 waiting for, and the blocks run as if on one core fewer (docs/performance.md measures
-it: GELU's forward, the attention and the encoder block's backward all take a quarter
-to two fifths longer).
+it: GELU's forward, the attention and the encoder block's backward each took 1.2 to
+2 times as long).
 
 ``limit_spinning`` shortens that wait to 2^SPIN_LOG2_CYCLES cycles (about 0.5 ms at
 2 GHz, still longer than the gap between back-to-back products) in the OpenBLAS that
@@ -15,9 +15,9 @@ it starts its threads, so this sets that variable (unless the user has), has Ope
 read its variables again and stops its threads, as OpenBLAS itself does before a fork;
 its next product starts them again, with the new wait. Where no OpenBLAS with those
 functions is loaded (NumPy with MKL or Accelerate, a system other than Linux), nothing
-changes. ``blocks`` calls it once, when it first spreads blocks over threads (a
-product running in another thread at that moment would lose OpenBLAS's threads
-under it: tinyvit's own products run in the thread that calls ``each_block``).
+changes. ``blocks`` and ``cpu_numba`` call it when they first start threads of
+their own, from the thread that runs tinyvit's products; it is meant to run while
+no other thread is inside OpenBLAS.
 """
 
 import ctypes
