@@ -99,7 +99,8 @@ def gelu_erf(x, y, dydx):
             xp.add(cdf, x * normal_pdf(x), out=dydx)
         return
     a = xp.abs(x)
-    gauss = a * a
+    with xp.errstate(over="ignore"):  # inf beyond 1.8e19, and exp(-inf) = 0 below
+        gauss = a * a
     gauss *= -0.5
     xp.exp(gauss, out=gauss)  # exp(-x^2/2)
     tail = erfc_nonnegative(a, gauss, SQRT_HALF)
