@@ -15,13 +15,14 @@ out of the table. The arrays are config C's at batch 128, as in benchmarks/ops.p
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from ops import median_ms  # noqa: E402
 
 from machine import machine_report, print_machine, setup_backends, torch  # noqa: E402
 from tinyvit.fast import blocks, cpu, cpu_numba, elementwise  # noqa: E402
@@ -31,16 +32,6 @@ C = np.float32(elementwise.ERFC_P * SQRT_HALF)  # t = 1 / (1 + C |x|)
 COEFFICIENTS = [np.float32(0.5 * c) for c in elementwise.ERFC_T]  # Phi(-|x|) = exp(-x^2/2) t P(t)
 EPS = 1e-6
 GELU_ROW, NORM_ROW = "GELU forward (M x 384)", "LayerNorm forward (M x 192)"
-
-
-def median_ms(fn, repeats):
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
 
 
 def numexpr_routes(threads):
