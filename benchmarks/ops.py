@@ -31,20 +31,31 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "tests"))  # torch_reference.py
 
 from machine import machine_report, print_machine, setup_backends, torch  # noqa: E402
-from tinyvit.fast import accelerate, blocks, cpu, cpu_numba, elementwise  # noqa: E402
+from tinyvit.fast import accelerate, blocks, cpu, cpu_attention, cpu_numba, elementwise  # noqa: E402
 from tinyvit.nn import layers  # noqa: E402
 
 MiB = 1 << 20
 
 
 def median_ms(fn, repeats):
+    """The median of ``repeats`` timed calls of fn, after one untimed; ``fn.setup()``,
+    where fn has one (``in_place``), runs before each call, outside the timer."""
+    setup = getattr(fn, "setup", lambda: None)
+    setup()
     fn()
     times = []
     for _ in range(repeats):
+        setup()
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
     return 1e3 * statistics.median(times)
+
+
+def in_place(setup, fn):
+    """fn, which overwrites its input, with the ``setup`` that restores it."""
+    fn.setup = setup
+    return fn
 
 
 def bandwidth_and_gemm(repeats):
@@ -119,7 +130,7 @@ def ops(batch):
          lambda: torch.softmax(ts * scale, -1), 2 * ssize, 0),
         ("  before: one pass per step", lambda: scaled_softmax_before(scores, scale),
          lambda: torch.softmax(ts * scale, -1), 2 * ssize, 0),
-        ("softmax backward", lambda: softmax_backward(A, dA),
+        ("softmax backward, in place", softmax_backward(A, dA),
          lambda: torch._softmax_backward_data(tdA, tA, -1, torch.float32), 3 * ssize, 0),
     ]
     attention = cpu.Attention(NH * Dh, NH, rng=np.random.default_rng(0))
@@ -225,13 +236,11 @@ def scaled_softmax_before(scores, scale):
 
 
 def softmax_backward(A, dA):
+    """The attention backward's softmax step on a copy of dA, refreshed untimed."""
     dS = np.empty_like(dA)
-
-    def block(A, dA, dS):
-        np.copyto(dS, dA)
-        elementwise.softmax_backward_inplace(A, dS)
-
-    blocks.each_block(block, A, dA, dS)
+    return in_place(lambda: np.copyto(dS, dA),
+                    lambda: blocks.each_block(cpu_numba.softmax_backward_block, A, dS,
+                                              block_bytes=cpu_attention.ATTENTION_BLOCK_BYTES))
 
 
 def blocked_scores(q, k):
@@ -240,7 +249,7 @@ def blocked_scores(q, k):
     def block(q, k, S):
         np.matmul(q, np.ascontiguousarray(k.transpose(0, 1, 3, 2)), out=S)
 
-    blocks.each_block(block, q, k, S, block_bytes=cpu.ATTENTION_BLOCK_BYTES)
+    blocks.each_block(block, q, k, S, block_bytes=cpu_attention.ATTENTION_BLOCK_BYTES)
     return S
 
 
@@ -335,9 +344,9 @@ def main(argv=None):
         sys.exit("benchmarks/ops.py compares with PyTorch: pip install torch")
     setup_backends(gpu=False)
     print_machine(machine_report(gpu=False))
+    route = "compiled by Numba" if cpu_numba.compiled() else "in NumPy blocks"
     print(f"tinyvit threads {blocks.num_threads()}, torch threads {torch.get_num_threads()}; "
-          f"GELU and LayerNorm {'compiled by Numba' if cpu_numba.compiled() else 'in NumPy blocks'}"
-          f" (TINYVIT_NUMBA=0: the blocks)")
+          f"GELU, LayerNorm and softmax's backward {route} (TINYVIT_NUMBA=0: the blocks)")
     bandwidth, gemm = bandwidth_and_gemm(args.repeats)
     table, medians = run(args.rounds, args.repeats, args.batch)
     print_table(table, medians, bandwidth, gemm)

@@ -459,6 +459,24 @@ def test_one_max_softmax_equals_the_row_max_softmax(spread):
     np.testing.assert_allclose(ours, expected, rtol=1e-13, atol=0)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_softmax_backward_block_is_the_formula_on_either_route(route, dtype):
+    """dS = A (dA - sum_j dA_j A_j) into dA: compiled (Numba) for contiguous float
+    blocks, in NumPy for a strided one, each within rounding of the float64 formula."""
+    rng = np.random.default_rng(0)
+    A = elementwise.softmax_inplace(rng.standard_normal((3, 2, 5, 9)))
+    dA = rng.standard_normal(A.shape)
+    expected = A * (dA - (dA * A).sum(-1, keepdims=True))
+    tolerance = {np.float32: 1e-6, np.float64: 1e-15}[dtype]
+    strided = np.zeros((3, 2, 5, 18), dtype=dtype)[..., ::2]
+    for out in (dA.astype(dtype), strided):
+        np.copyto(out, dA)
+        assert cpu_numba.takes_block(A.astype(dtype), out) is (route and out is not strided)
+        result = cpu_numba.softmax_backward_block(A.astype(dtype), out)
+        assert result is out and out.dtype == dtype
+        np.testing.assert_allclose(out, expected, rtol=0, atol=tolerance)
+
+
 # (in channels, kernel, stride, padding, input H x W) -> channels-last (C >= Wo)?
 CONV_LAYOUTS = {
     (3, 3, 2, 1, (9, 8)): False,  # Wo 4

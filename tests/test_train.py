@@ -454,7 +454,8 @@ def test_the_trainer_says_which_layers_it_runs(stripes, tmp_path, capsys, flags,
     assert train_mnist.main(args) == 0
     line = capsys.readouterr().out.splitlines()[0]
     assert line.startswith(first_line)
-    compiled = "; GELU and LayerNorm compiled by Numba (TINYVIT_NUMBA=0: in NumPy blocks)"
+    compiled = ("; GELU, LayerNorm and softmax's backward compiled by Numba "
+                "(TINYVIT_NUMBA=0: in NumPy blocks)")
     assert line.endswith(compiled) == (not flags and cpu_numba.compiled())
     _, _, meta = load_checkpoint(out / "last.npz")
     assert meta["config"]["tier"] == ("reference" if flags else "fast")

@@ -9,9 +9,10 @@ keeps ``train_gpt2.c`` as the reference of its CUDA kernels:
 - the reference tier (``tinyvit/nn/``): each layer in its plainest correct form,
   the math as it is derived. Building a layer builds exactly that class.
 - the fast tier: for some layers, a subclass per backend that overrides the
-  methods holding the work with faster code (``cpu.py`` and ``cpu_conv.py`` for
-  NumPy, their elementwise work in cache-sized blocks over the cores,
-  ``blocks.py``, GELU and LayerNorm compiled by Numba where it is installed,
+  methods holding the work with faster code (``cpu.py``, ``cpu_attention.py`` and
+  ``cpu_conv.py`` for NumPy, their elementwise work in cache-sized blocks over the
+  cores, ``blocks.py``, GELU, LayerNorm and softmax's backward compiled by Numba
+  where it is installed,
   ``cpu_numba.py``; ``gpu.py``'s table of ``gpu_*.py`` for CuPy, with the CUDA C of
   ``kernels/``, which ``compile.py`` compiles) and keeps
   the layer's contract, parameters and names; on a GPU the loss and AdamW too.

@@ -1,29 +1,34 @@
-"""GELU and LayerNorm compiled by Numba, where it is installed (``pip install -e ".[numba]"``):
-the fast CPU tier's two kernels that NumPy's blocks leave furthest behind PyTorch's.
+"""GELU, LayerNorm and softmax's backward compiled by Numba, where it is installed
+(``pip install -e ".[numba]"``): the fast CPU tier's kernels that NumPy's blocks
+leave furthest behind PyTorch's.
 
 A NumPy block still makes one call, and one pass over the block, per operation:
-twenty for GELU's formula. Compiled, each element (GELU) or row (LayerNorm) goes
-through the whole formula once, in registers, and the rows are spread over the
-cores by Numba's ``prange``. The formulas are the blocks' (``elementwise.py``):
-GELU as ``max(x, 0) - |x| Phi(-|x|)`` by the same erfc polynomial, its derivative
-``Phi(x) + x phi(x)``; LayerNorm's mean, variance, xhat, and its backward
+twenty for GELU's formula. Compiled, each element (GELU) or row (LayerNorm, softmax)
+goes through the whole formula once, in registers. The formulas are the blocks'
+(``elementwise.py``): GELU as ``max(x, 0) - |x| Phi(-|x|)`` by the same erfc
+polynomial, in float32, its derivative ``Phi(x) + x phi(x)``; LayerNorm's mean,
+variance, xhat, and its backward
 
     dx = rstd (g - mean(g) - xhat mean(g xhat)),   g = dy * gamma,
 
-summed in float64 for every row. Compiled, each takes a quarter to a half of the
-blocks' time (``benchmarks/compiled.py``, ``ops.py``; docs/design.md says why these two).
+summed in float64 for every row; softmax's backward ``dS = A (dA - sum_j dA_j A_j)``.
+Compiled, each takes a quarter to a half of the blocks' time (``benchmarks/compiled.py``,
+``ops.py``; docs/design.md says why these).
 
 ``cpu.GELU`` (float32; float64 keeps the exact erf) and ``cpu.LayerNorm`` call
 these when ``compiled()`` says so: Numba is installed and neither
-``set_compiled(False)`` nor ``TINYVIT_NUMBA=0`` turned it off. Each kernel runs on
-``blocks.num_threads()`` threads, and gives the same bits whatever that count:
-the column sums of LayerNorm's backward are taken per chunk of CHUNK_ROWS rows
-and the chunks added in order. The threads are Numba's "workqueue" layer, whose
-idle threads sleep (the OpenMP layer's threads spin, and took the cores from OpenBLAS's
-products: docs/performance.md), one loop at a time, unless
-``NUMBA_THREADING_LAYER`` says otherwise. The first call for each dtype compiles
-(a few seconds, then cached on disk beside this file); the arrays are made
-contiguous first, so that one layout is compiled.
+``set_compiled(False)`` nor ``TINYVIT_NUMBA=0`` turned it off. Their rows are
+spread over ``blocks.num_threads()`` threads by Numba's ``prange``, and give the
+same bits whatever that count: the column sums of LayerNorm's backward are taken
+per chunk of CHUNK_ROWS rows and the chunks added in order. The threads are
+Numba's "workqueue" layer, whose idle threads sleep (the OpenMP layer's threads
+spin, and took the cores from OpenBLAS's products: docs/performance.md), one loop
+at a time, unless ``NUMBA_THREADING_LAYER`` says otherwise. Softmax's backward runs
+inside the attention's blocks (``cpu_attention.py``), so it is compiled without
+``prange``, for the calling thread, the GIL released; a function is compiled one of
+the two ways only, as Numba's disk cache keeps one build per function and types.
+The first call for each dtype compiles (a few seconds, then cached on disk beside
+this file); the arrays are made contiguous first, so that one layout is compiled.
 """
 
 import functools
@@ -35,7 +40,7 @@ import threading
 from ..backend import xp
 from ..nn.functional import INV_SQRT_2PI, SQRT_HALF
 from .blocks import num_threads
-from .elementwise import ERFC_P, ERFC_T
+from .elementwise import ERF_NEAR, ERFC_P, ERFC_T, softmax_backward_inplace
 from .openblas import limit_spinning
 
 INSTALLED = importlib.util.find_spec("numba") is not None  # imported at the first call
@@ -70,6 +75,13 @@ def set_compiled(on):
 
 
 prange = range  # the loops' range: Numba's parallel one once Numba is imported
+
+
+def exp2_int(n):
+    """2^n, float32, for a whole number n in [-126, 127]: what ``_exp2_bits``, which
+    replaces it once Numba is imported, computes."""
+    return xp.float32(2.0**n)
+
 _launch = threading.Lock()  # one parallel loop at a time: the workqueue layer runs one
 
 
@@ -85,13 +97,14 @@ if hasattr(os, "register_at_fork"):
 
 @functools.cache
 def _numba():
-    """Numba, imported, its threads set up, ``prange`` its own."""
-    global prange
+    """Numba, imported, its threads set up, ``prange`` and ``exp2_int`` its own."""
+    global prange, exp2_int
     import numba
+    import numba.extending
 
     if "NUMBA_THREADING_LAYER" not in os.environ:  # a user's choice of layer wins
         numba.config.THREADING_LAYER = "workqueue"
-    prange = numba.prange
+    prange, exp2_int = numba.prange, _exp2_bits(numba)
     limit_spinning()  # its threads, like the blocks', need the cores OpenBLAS's idle ones hold
     return numba
 
@@ -99,6 +112,13 @@ def _numba():
 @functools.cache
 def _compiled(function):
     return _numba().njit(parallel=True, fastmath=True, cache=True)(function)
+
+
+@functools.cache
+def _serial(function):
+    """``function`` compiled to run on the calling thread, the GIL released: for one
+    block of ``blocks.each_block``, whose threads run the blocks side by side."""
+    return _numba().njit(nogil=True, fastmath=True, cache=True)(function)
 
 
 def _launch_with_threads(function, *arrays):
@@ -113,32 +133,61 @@ def _launch_with_threads(function, *arrays):
 
 # -- GELU ---------------------------------------------------------------------------------
 
-P = ERFC_P * SQRT_HALF  # t = 1 / (1 + P |x|): erfc(|x| / sqrt 2) = exp(-x^2 / 2) t ERFC_T(t)
-T0, T1, T2, T3, T4, T5 = ERFC_T
-GAUSS_FLOOR = -32.0  # exp(-x^2 / 2) for |x| <= 8; beyond, 0 (it is below 1.3e-14)
+F, I32 = xp.float32, xp.int32  # numpy's: the loops run on the CPU
+P = F(ERFC_P * SQRT_HALF)  # t = 1 / (1 + P |x|): erfc(|x| / sqrt 2) = exp(-x^2 / 2) t ERFC_T(t)
+T0, T1, T2, T3, T4, T5 = (F(c) for c in ERFC_T)
+GAUSS_EDGE = F(8.0)  # exp(-x^2 / 2) for |x| <= 8; beyond, 0 (it is below 1.3e-14)
+LOG2E = F(1 / math.log(2))
+LN2_HI, LN2_LO = F(0.693145751953125), F(math.log(2) - 0.693145751953125)  # ln 2 = HI + LO
+HALF, ONE, ZERO = F(0.5), F(1.0), F(0.0)
+E0, E1, E2, E3, E4, E5, E6, E7 = (F(1 / math.factorial(k)) for k in range(8))  # e^r's series
+INV_SQRT_2PI_32 = F(INV_SQRT_2PI)
+N0, N1, N2, N3, N4, N5, N6 = (F(c * SQRT_HALF) for c in ERF_NEAR)  # erf(x / sqrt 2) / x
+NEAR = F(1 / SQRT_HALF)  # |x| <= sqrt 2: Phi(x) = 1/2 + erf(x / sqrt 2) / 2 by ERF_NEAR
+
+
+def _exp2_bits(numba):
+    """``exp2_int`` compiled: the float32 whose exponent field is n + 127 and whose
+    fraction is 0, built from its bits, an integer add, shift and reinterpretation
+    that vectorize (``math.ldexp`` is a library call per element)."""
+    from llvmlite import ir
+
+    @numba.extending.intrinsic
+    def exp2_bits(typingctx, n):
+        def codegen(context, builder, signature, args):
+            int32 = ir.IntType(32)
+            field = builder.add(args[0], ir.Constant(int32, 127))
+            return builder.bitcast(builder.shl(field, ir.Constant(int32, 23)), ir.FloatType())
+        return numba.float32(numba.int32), codegen
+
+    return exp2_bits
 
 
 def _gelu(u, bias, y, dydx, train):
-    """y = GELU(u + bias) and, if train, dydx = GELU'(u + bias), for (M, D) arrays,
-    in float64. exp(g) = exp(g / 256)^256: six terms of its series near 0 (relative
-    error 1e-10), squared eight times, so that the loop calls no function and
-    compiles to vector instructions."""
+    """y = GELU(u + bias) and, if train, dydx = GELU'(u + bias), for (M, D) float32
+    arrays, in float32. exp(g), g = -x^2 / 2, as 2^n e^r: n = g / ln 2 rounded, r = g -
+    n ln 2 in [-0.35, 0.35] (ln 2 in two parts, so r is exact), e^r by eight terms
+    of its series (relative error 5e-9), 2^n from its bits: no library call, so the
+    loop compiles to vector instructions."""
     M, D = u.shape
     for m in prange(M):
         for j in range(D):
-            x = float(u[m, j]) + float(bias[j])
+            x = u[m, j] + bias[j]
             a = abs(x)
-            g = -0.5 * x * x
-            w = max(g, GAUSS_FLOOR) / 256.0
-            gauss = 1 + w * (1 + w * (1 / 2 + w * (1 / 6 + w * (1 / 24 + w * (1 / 120 + w / 720)))))
-            for _ in range(8):
-                gauss *= gauss  # exp(-x^2 / 2)
-            gauss = gauss if g >= GAUSS_FLOOR else 0.0
-            t = 1.0 / (1.0 + P * a)
-            tail = 0.5 * gauss * t * (T0 + t * (T1 + t * (T2 + t * (T3 + t * (T4 + t * T5)))))
-            y[m, j] = max(x, 0.0) - (a * tail if tail > 0.0 else 0.0)  # tail = Phi(-|x|)
+            c = min(a, GAUSS_EDGE)
+            g = -HALF * c * c
+            n = I32(g * LOG2E - HALF)  # rounds: g * LOG2E <= 0, and int() truncates
+            r = (g - F(n) * LN2_HI) - F(n) * LN2_LO
+            e_r = E0 + r * (E1 + r * (E2 + r * (E3 + r * (E4 + r * (E5 + r * (E6 + r * E7))))))
+            gauss = e_r * exp2_int(n) if a <= GAUSS_EDGE else ZERO  # exp(-x^2 / 2)
+            t = ONE / (ONE + P * a)
+            tail = HALF * gauss * t * (T0 + t * (T1 + t * (T2 + t * (T3 + t * (T4 + t * T5)))))
+            y[m, j] = max(x, ZERO) - a * tail  # tail = Phi(-|x|)
             if train:  # Phi(x) + x phi(x)
-                dydx[m, j] = 0.5 + math.copysign(0.5 - tail, x) + x * gauss * INV_SQRT_2PI
+                z2 = HALF * c * c
+                erf = x * (N0 + z2 * (N1 + z2 * (N2 + z2 * (N3 + z2 * (N4 + z2 * (N5 + z2 * N6))))))
+                cdf = HALF + HALF * erf if a <= NEAR else (ONE - tail if x > ZERO else tail)
+                dydx[m, j] = cdf + x * gauss * INV_SQRT_2PI_32
 
 
 def gelu(u, bias, train):
@@ -220,3 +269,35 @@ def layer_norm_backward(dout, xhat, rstd, weight, dskip):
     _launch_with_threads(_layer_norm_backward, dout, xhat, rstd, weight,
                          dskip if add else dout, add, dx, dgamma, dbeta)
     return dx, dgamma.sum(axis=0).astype(dout.dtype), dbeta.sum(axis=0).astype(dout.dtype)
+
+
+# -- softmax's backward -------------------------------------------------------------------
+
+
+def takes_block(*arrays):
+    """Whether ``softmax_backward_block`` compiles for these arrays: compiled() says so,
+    and they are C-contiguous float32 or float64 of one dtype (it writes in place)."""
+    return (compiled() and arrays[0].dtype in (xp.float32, xp.float64)
+            and all(a.dtype == arrays[0].dtype and a.flags.c_contiguous for a in arrays))
+
+
+def _softmax_backward(A, dA):
+    """dA <- A (dA - sum_j dA_j A_j), row by row, the sum in float64."""
+    R, N = A.shape
+    for r in range(R):
+        total = 0.0
+        for j in range(N):
+            total += dA[r, j] * A[r, j]
+        for j in range(N):
+            dA[r, j] = A[r, j] * (dA[r, j] - total)
+
+
+def softmax_backward_block(A, dA):
+    """``elementwise.softmax_backward_inplace`` for one block of the attention's
+    (b, NH, Q, N) arrays, on the calling thread, dS written into dA: compiled where
+    ``takes_block`` says so, else in NumPy."""
+    if not takes_block(A, dA):
+        return softmax_backward_inplace(A, dA)
+    N = A.shape[-1]
+    _serial(_softmax_backward)(A.reshape(-1, N), dA.reshape(-1, N))
+    return dA

@@ -26,6 +26,15 @@ def column_sum(a, b=None):
     return xp.einsum("ij,ij->j", a, b.reshape(-1, b.shape[-1]))
 
 
+def bias_sum(a):
+    """sum of a over every axis but the last, as one matrix-vector product:
+    ones (M,) @ a (M, D), on OpenBLAS's threads. For a whole layer's gradient (not a
+    block's), where NumPy's own sums down the columns of a wide array ran at a fifth
+    of the product's speed (docs/performance.md)."""
+    a = a.reshape(-1, a.shape[-1])
+    return xp.ones(len(a), dtype=a.dtype) @ a
+
+
 # -- erf in float32 ---------------------------------------------------------------------
 
 # erfc(z) = exp(-z^2) t P(t), t = 1 / (1 + ERFC_P z), for z >= 0: the form of Abramowitz &

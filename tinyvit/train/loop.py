@@ -339,7 +339,8 @@ def _print_start(config, trainer, batches, init_notes, memory):
                       f"step is slower than with --workers {cpu_cores()}")
     how = ", the step captured in a CUDA graph" if config.cuda_graph else ""
     if config.tier == "fast" and on_cpu() and cpu_numba.compiled():
-        how = "; GELU and LayerNorm compiled by Numba (TINYVIT_NUMBA=0: in NumPy blocks)"
+        how = ("; GELU, LayerNorm and softmax's backward compiled by Numba "
+               "(TINYVIT_NUMBA=0: in NumPy blocks)")
     print(f"layers: {model.describe_tier()}{how}")
     print(f"{config.dataset}: {batches.images.shape[0]} training images, "
           f"{len(batches)} steps/epoch, {epochs}, backend {get_backend()}, {processes}")

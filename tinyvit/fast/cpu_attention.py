@@ -1,0 +1,95 @@
+"""The attention core of the fast tier on the CPU: the scores, their softmax and
+A v per block of images while the block's scores are in the cache, and back
+(``cpu.py`` has the other layers; its docstring says what makes each faster).
+
+Shapes as in the reference layers (the legend heads ``docs/backprop.md``): B images,
+NH heads, Q query rows, N tokens, Dh head dim.
+"""
+
+from ..backend import xp
+from ..nn import layers
+from . import cpu_numba
+from .blocks import each_block
+from .elementwise import softmax_inplace
+from .kernel import FastKernel
+
+ATTENTION_BLOCK_BYTES = 1 << 19  # scores of a block of images: 512 KiB, in L2 with A v's inputs
+
+
+class FastAttentionCore(FastKernel):
+    """``attend`` and the backward of the reference attention, a block of images at
+    a time: the scores S = (q / sqrt(Dh)) k^T, their softmax in place and A v one
+    after the other while the block's scores are in the cache, the blocks over the
+    cores. q is scaled before the product (Q*Dh values, not the Q*N scores), k^T is
+    copied per block into contiguous memory (the product runs faster on it), and the
+    backward writes dq, dk, dv straight into the qkv gradient's layout. Attention
+    dropout, where it is on, comes between the softmax and A v: the blocks then
+    stop at the softmax, and the rest runs on the whole arrays.
+    """
+
+    def dropping(self):
+        return self.attn_drop.training and self.attn_drop.p > 0
+
+    def attend(self, q, k, v):
+        B, NH, Q, Dh = q.shape
+        qs = xp.empty(q.shape, dtype=q.dtype)  # q / sqrt(Dh)
+        A = xp.empty((B, NH, Q, k.shape[2]), dtype=q.dtype)
+        ctx = xp.empty(q.shape, dtype=q.dtype)
+        fused = not self.dropping()
+
+        def scores(q, k, v, qs, A, ctx):  # one block of images
+            xp.multiply(q, self.scale, out=qs)
+            xp.matmul(qs, xp.ascontiguousarray(k.transpose(0, 1, 3, 2)), out=A)
+            softmax_inplace(A)
+            if fused:
+                xp.matmul(A, v, out=ctx)
+
+        each_block(scores, q, k, v, qs, A, ctx, block_bytes=ATTENTION_BLOCK_BYTES)
+        self.attn = A if self.keep_attn else None
+        Ad = A if fused else self.attn_drop.forward(A)
+        self.cache = (qs, k, v, A, Ad) if self.training else None
+        return ctx if fused else Ad @ v  # (B, NH, Q, Dh)
+
+    def attend_backward_into(self, cache, dctx, dq, dk, dv):
+        """dq, dk, dv (each (B, NH, ., Dh), views of dqkv) from dctx (B, NH, Q, Dh)."""
+        qs, k, v, A, Ad = cache
+        if Ad is A:
+            each_block(self.block_backward, dctx, qs, k, v, A, dq, dk, dv,
+                       block_bytes=ATTENTION_BLOCK_BYTES)
+            return
+        xp.matmul(Ad.transpose(0, 1, 3, 2), dctx, out=dv)
+        dS = self.attn_drop.backward(dctx @ v.transpose(0, 1, 3, 2))  # (B, NH, Q, N)
+        each_block(self.block_backward, dctx, qs, k, v, A, dq, dk, dv, dS,
+                   block_bytes=ATTENTION_BLOCK_BYTES)
+
+    def block_backward(self, dctx, qs, k, v, A, dq, dk, dv, dS=None):
+        """One block of images: with no dropout dS from dctx and A (and dv); then
+        softmax's backward in place and dq, dk."""
+        if dS is None:
+            xp.matmul(A.transpose(0, 1, 3, 2), dctx, out=dv)
+            dS = dctx @ v.transpose(0, 1, 3, 2)  # (b, NH, Q, N)
+        cpu_numba.softmax_backward_block(A, dS)
+        xp.matmul(dS, k, out=dq)
+        dq *= self.scale
+        xp.matmul(dS.transpose(0, 1, 3, 2), qs, out=dk)  # qs = q / sqrt(Dh) already
+
+    def backward(self, dout):
+        dctx = self.proj.backward(self.proj_drop.backward(dout))  # (B, Q, D)
+        dctx = layers.split_heads_grad(dctx, self.num_heads)  # (B, NH, Q, Dh)
+        cache = self._take_cache()
+        B, NH, Q, Dh = dctx.shape
+        N = cache[1].shape[2]  # k's tokens
+        dqkv = xp.empty((B, N, 3, NH, Dh), dtype=dctx.dtype)
+        dq, dk, dv = dqkv.transpose(2, 0, 3, 1, 4)  # each (B, NH, N, Dh), views
+        if Q < N:  # class attention: the other tokens' queries had no use
+            dq[:, :, Q:] = 0.0
+        self.attend_backward_into(cache, dctx, dq[:, :, :Q], dk, dv)
+        return self.qkv.backward(dqkv.reshape(B, N, 3 * NH * Dh))  # (B, N, D)
+
+
+class Attention(FastAttentionCore, layers.Attention):
+    pass
+
+
+class ClassAttention(FastAttentionCore, layers.ClassAttention):
+    pass
