@@ -163,12 +163,15 @@ def _exp2_bits(numba):
     return exp2_bits
 
 
-def _gelu(u, bias, y, dydx, train):
-    """y = GELU(u + bias) and, if train, dydx = GELU'(u + bias), for (M, D) float32
-    arrays, in float32. exp(g), g = -x^2 / 2, as 2^n e^r: n = g / ln 2 rounded, r = g -
-    n ln 2 in [-0.35, 0.35] (ln 2 in two parts, so r is exact), e^r by eight terms
-    of its series (relative error 5e-9), 2^n from its bits: no library call, so the
-    loop compiles to vector instructions."""
+def _gelu(u, bias, y, dydx):
+    """y = GELU(u + bias) and, unless dydx is None, dydx = GELU'(u + bias), for (M, D)
+    float32 arrays, in float32 (dydx None: Numba compiles a loop without the derivative).
+
+    exp(g), g = -x^2 / 2, as 2^n e^r: n = g / ln 2 rounded, r = g - n ln 2 in
+    [-0.35, 0.35] (ln 2 in two parts, so that r is exact), e^r by eight terms of its
+    series (relative error 5e-9), 2^n from its bits: no library call, so the loop
+    compiles to vector instructions. Phi(x) near 0 (|x| <= sqrt 2) by erf's own
+    series, where 1 - Phi(-x) would keep erfc's rounding."""
     M, D = u.shape
     for m in prange(M):
         for j in range(D):
@@ -183,7 +186,7 @@ def _gelu(u, bias, y, dydx, train):
             t = ONE / (ONE + P * a)
             tail = HALF * gauss * t * (T0 + t * (T1 + t * (T2 + t * (T3 + t * (T4 + t * T5)))))
             y[m, j] = max(x, ZERO) - a * tail  # tail = Phi(-|x|)
-            if train:  # Phi(x) + x phi(x)
+            if dydx is not None:  # Phi(x) + x phi(x)
                 z2 = HALF * c * c
                 erf = x * (N0 + z2 * (N1 + z2 * (N2 + z2 * (N3 + z2 * (N4 + z2 * (N5 + z2 * N6))))))
                 cdf = HALF + HALF * erf if a <= NEAR else (ONE - tail if x > ZERO else tail)
@@ -193,10 +196,10 @@ def _gelu(u, bias, y, dydx, train):
 def gelu(u, bias, train):
     """(y, dydx or None) of float32 u (M, D) plus bias (D,) or None."""
     y = xp.empty(u.shape, dtype=u.dtype)
-    dydx = xp.empty(u.shape if train else (0, 0), dtype=u.dtype)
+    dydx = xp.empty(u.shape, dtype=u.dtype) if train else None
     bias = xp.zeros(u.shape[1], dtype=u.dtype) if bias is None else bias
-    _launch_with_threads(_gelu, u, bias, y, dydx, train)
-    return y, (dydx if train else None)
+    _launch_with_threads(_gelu, u, bias, y, dydx)
+    return y, dydx
 
 
 # -- LayerNorm ----------------------------------------------------------------------------
