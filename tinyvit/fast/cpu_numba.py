@@ -187,7 +187,7 @@ def _gelu(u, bias, y, dydx):
             tail = HALF * gauss * t * (T0 + t * (T1 + t * (T2 + t * (T3 + t * (T4 + t * T5)))))
             y[m, j] = max(x, ZERO) - a * tail  # tail = Phi(-|x|)
             if dydx is not None:  # Phi(x) + x phi(x)
-                z2 = HALF * c * c
+                z2 = -g  # x^2 / 2, capped
                 erf = x * (N0 + z2 * (N1 + z2 * (N2 + z2 * (N3 + z2 * (N4 + z2 * (N5 + z2 * N6))))))
                 cdf = HALF + HALF * erf if a <= NEAR else (ONE - tail if x > ZERO else tail)
                 dydx[m, j] = cdf + x * gauss * INV_SQRT_2PI_32
