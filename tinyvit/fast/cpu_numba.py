@@ -74,14 +74,52 @@ def set_compiled(on):
     _chosen = on
 
 
-prange = range  # the loops' range: Numba's parallel one once Numba is imported
+# -- exp in float32 ----------------------------------------------------------------------
+
+F, I32 = xp.float32, xp.int32  # numpy's: the loops run on the CPU
+LOG2E = F(1 / math.log(2))
+LN2_HI, LN2_LO = F(0.693145751953125), F(math.log(2) - 0.693145751953125)  # ln 2 = HI + LO
+HALF, ONE, ZERO = F(0.5), F(1.0), F(0.0)
+E0, E1, E2, E3, E4, E5, E6, E7 = (F(1 / math.factorial(k)) for k in range(8))  # e^r's series
 
 
 def exp2_int(n):
     """2^n, float32, for a whole number n in [-126, 127]: what ``_exp2_bits``, which
     replaces it once Numba is imported, computes."""
-    return xp.float32(2.0**n)
+    return F(2.0**n)
 
+
+def _exp2_bits(numba):
+    """``exp2_int`` compiled: the float32 whose exponent field is n + 127 and whose
+    fraction is 0, built from its bits, an integer add, shift and reinterpretation
+    that vectorize (``math.ldexp`` is a library call per element)."""
+    from llvmlite import ir
+
+    @numba.extending.intrinsic
+    def exp2_bits(typingctx, n):
+        def codegen(context, builder, signature, args):
+            int32 = ir.IntType(32)
+            field = builder.add(args[0], ir.Constant(int32, 127))
+            return builder.bitcast(builder.shl(field, ir.Constant(int32, 23)), ir.FloatType())
+        return numba.float32(numba.int32), codegen
+
+    return exp2_bits
+
+
+def exp_nonpositive(g):
+    """exp(g) for float32 g in [-87, 0], as 2^n e^r: n = g / ln 2 rounded, r = g -
+    n ln 2 in [-0.35, 0.35] (ln 2 in two parts, so that r is exact), e^r by eight
+    terms of its series (relative error 5e-9), 2^n from its bits: no library call, so
+    a loop calling it compiles to vector instructions (compiled in place by ``_numba``)."""
+    n = I32(g * LOG2E - HALF)  # rounds: g * LOG2E <= 0, and int() truncates
+    r = (g - F(n) * LN2_HI) - F(n) * LN2_LO
+    e_r = E0 + r * (E1 + r * (E2 + r * (E3 + r * (E4 + r * (E5 + r * (E6 + r * E7))))))
+    return e_r * exp2_int(n)
+
+
+# -- Numba and its threads ----------------------------------------------------------------
+
+prange = range  # the loops' range: Numba's parallel one once Numba is imported
 _launch = threading.Lock()  # one parallel loop at a time: the workqueue layer runs one
 
 
@@ -97,14 +135,16 @@ if hasattr(os, "register_at_fork"):
 
 @functools.cache
 def _numba():
-    """Numba, imported, its threads set up, ``prange`` and ``exp2_int`` its own."""
-    global prange, exp2_int
+    """Numba, imported, its threads set up, ``prange`` its own, ``exp2_int`` and
+    ``exp_nonpositive`` compiled."""
+    global prange, exp2_int, exp_nonpositive
     import numba
     import numba.extending
 
     if "NUMBA_THREADING_LAYER" not in os.environ:  # a user's choice of layer wins
         numba.config.THREADING_LAYER = "workqueue"
     prange, exp2_int = numba.prange, _exp2_bits(numba)
+    exp_nonpositive = numba.njit(fastmath=True, cache=True)(exp_nonpositive)
     limit_spinning()  # its threads, like the blocks', need the cores OpenBLAS's idle ones hold
     return numba
 
@@ -133,45 +173,20 @@ def _launch_with_threads(function, *arrays):
 
 # -- GELU ---------------------------------------------------------------------------------
 
-F, I32 = xp.float32, xp.int32  # numpy's: the loops run on the CPU
 P = F(ERFC_P * SQRT_HALF)  # t = 1 / (1 + P |x|): erfc(|x| / sqrt 2) = exp(-x^2 / 2) t ERFC_T(t)
 T0, T1, T2, T3, T4, T5 = (F(c) for c in ERFC_T)
 GAUSS_EDGE = F(8.0)  # exp(-x^2 / 2) for |x| <= 8; beyond, 0 (it is below 1.3e-14)
-LOG2E = F(1 / math.log(2))
-LN2_HI, LN2_LO = F(0.693145751953125), F(math.log(2) - 0.693145751953125)  # ln 2 = HI + LO
-HALF, ONE, ZERO = F(0.5), F(1.0), F(0.0)
-E0, E1, E2, E3, E4, E5, E6, E7 = (F(1 / math.factorial(k)) for k in range(8))  # e^r's series
 INV_SQRT_2PI_32 = F(INV_SQRT_2PI)
 N0, N1, N2, N3, N4, N5, N6 = (F(c * SQRT_HALF) for c in ERF_NEAR)  # erf(x / sqrt 2) / x
 NEAR = F(1 / SQRT_HALF)  # |x| <= sqrt 2: Phi(x) = 1/2 + erf(x / sqrt 2) / 2 by ERF_NEAR
 
 
-def _exp2_bits(numba):
-    """``exp2_int`` compiled: the float32 whose exponent field is n + 127 and whose
-    fraction is 0, built from its bits, an integer add, shift and reinterpretation
-    that vectorize (``math.ldexp`` is a library call per element)."""
-    from llvmlite import ir
-
-    @numba.extending.intrinsic
-    def exp2_bits(typingctx, n):
-        def codegen(context, builder, signature, args):
-            int32 = ir.IntType(32)
-            field = builder.add(args[0], ir.Constant(int32, 127))
-            return builder.bitcast(builder.shl(field, ir.Constant(int32, 23)), ir.FloatType())
-        return numba.float32(numba.int32), codegen
-
-    return exp2_bits
-
 
 def _gelu(u, bias, y, dydx):
     """y = GELU(u + bias) and, unless dydx is None, dydx = GELU'(u + bias), for (M, D)
-    float32 arrays, in float32 (dydx None: Numba compiles a loop without the derivative).
-
-    exp(g), g = -x^2 / 2, as 2^n e^r: n = g / ln 2 rounded, r = g - n ln 2 in
-    [-0.35, 0.35] (ln 2 in two parts, so that r is exact), e^r by eight terms of its
-    series (relative error 5e-9), 2^n from its bits: no library call, so the loop
-    compiles to vector instructions. Phi(x) near 0 (|x| <= sqrt 2) by erf's own
-    series, where 1 - Phi(-x) would keep erfc's rounding."""
+    float32 arrays, in float32 (dydx None: Numba compiles a loop without the derivative);
+    Phi(x) near 0 (|x| <= sqrt 2) by erf's own series, where 1 - Phi(-x) would keep
+    erfc's rounding."""
     M, D = u.shape
     for m in prange(M):
         for j in range(D):
@@ -179,10 +194,7 @@ def _gelu(u, bias, y, dydx):
             a = abs(x)
             c = min(a, GAUSS_EDGE)
             g = -HALF * c * c
-            n = I32(g * LOG2E - HALF)  # rounds: g * LOG2E <= 0, and int() truncates
-            r = (g - F(n) * LN2_HI) - F(n) * LN2_LO
-            e_r = E0 + r * (E1 + r * (E2 + r * (E3 + r * (E4 + r * (E5 + r * (E6 + r * E7))))))
-            gauss = e_r * exp2_int(n) if a <= GAUSS_EDGE else ZERO  # exp(-x^2 / 2)
+            gauss = exp_nonpositive(g) if a <= GAUSS_EDGE else ZERO  # exp(-x^2 / 2)
             t = ONE / (ONE + P * a)
             tail = HALF * gauss * t * (T0 + t * (T1 + t * (T2 + t * (T3 + t * (T4 + t * T5)))))
             y[m, j] = max(x, ZERO) - a * tail  # tail = Phi(-|x|)
@@ -274,7 +286,7 @@ def layer_norm_backward(dout, xhat, rstd, weight, dskip):
     return dx, dgamma.sum(axis=0).astype(dout.dtype), dbeta.sum(axis=0).astype(dout.dtype)
 
 
-# -- softmax's backward -------------------------------------------------------------------
+# -- softmax's backward, on one block of the attention's -----------------------------------
 
 
 def takes_block(*arrays):
