@@ -219,8 +219,9 @@ def gelu(u, bias, train):
 
 def _layer_norm(x, r, add, w, b, eps, s, xhat, keep, rstd, y):
     """s = x + r (if add), xhat = (s - mean) rstd (kept if keep), y = xhat w + b, row
-    by row."""
+    by row: the mean and the variance summed in float64, the rest in x's dtype."""
     M, D = x.shape
+    cast = x.dtype.type
     for m in prange(M):
         mean = 0.0
         for j in range(D):
@@ -228,15 +229,15 @@ def _layer_norm(x, r, add, w, b, eps, s, xhat, keep, rstd, y):
             if add:
                 s[m, j] = v
             mean += v
-        mean /= D
+        mu = cast(mean / D)
         var = 0.0
         for j in range(D):
-            c = s[m, j] - mean
+            c = s[m, j] - mu
             var += c * c
-        inv = 1.0 / math.sqrt(var / D + eps)
+        inv = cast(1.0 / math.sqrt(var / D + eps))
         rstd[m, 0] = inv
         for j in range(D):
-            h = (s[m, j] - mean) * inv
+            h = (s[m, j] - mu) * inv
             if keep:
                 xhat[m, j] = h
             y[m, j] = h * w[j] + b[j]
@@ -256,8 +257,10 @@ def layer_norm(x, r, weight, bias, eps, keep):
 
 
 def _layer_norm_backward(dout, xhat, rstd, w, dskip, add, dx, dgamma, dbeta):
-    """dx row by row (plus dskip, if add); dgamma, dbeta: (chunks, D) partial sums."""
+    """dx row by row (plus dskip, if add), its two means summed in float64, the rest in
+    dout's dtype; dgamma, dbeta: (chunks, D) partial sums, in float64."""
     M, D = dout.shape
+    cast = dout.dtype.type
     for c in prange(dgamma.shape[0]):
         for m in range(c * CHUNK_ROWS, min(M, (c + 1) * CHUNK_ROWS)):
             mean_g, mean_gx = 0.0, 0.0
@@ -267,10 +270,9 @@ def _layer_norm_backward(dout, xhat, rstd, w, dskip, add, dx, dgamma, dbeta):
                 mean_gx += g * xhat[m, j]
                 dgamma[c, j] += dout[m, j] * xhat[m, j]
                 dbeta[c, j] += dout[m, j]
-            mean_g /= D
-            mean_gx /= D
+            mg, mgx = cast(mean_g / D), cast(mean_gx / D)
             for j in range(D):
-                v = (dout[m, j] * w[j] - mean_g - xhat[m, j] * mean_gx) * rstd[m, 0]
+                v = (dout[m, j] * w[j] - mg - xhat[m, j] * mgx) * rstd[m, 0]
                 dx[m, j] = v + dskip[m, j] if add else v
 
 
