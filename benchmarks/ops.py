@@ -103,7 +103,7 @@ def ops(batch):
          lambda: F.gelu(tu), 3 * size, 0),
         ("GELU backward", lambda: gelu_backward(gelu, u, dy),
          lambda: torch.ops.aten.gelu_backward(tdy, tu), 3 * size, 0),
-        ("bias + GELU forward, eval", lambda: gelu.eval().forward(u.copy(), bias),
+        ("bias + GELU forward, eval", bias_gelu(gelu, u, bias),
          lambda: F.gelu(tu + tbias), 2 * size, 0),
     ]
     norm, norm_reference = cpu.LayerNorm(D), layers.LayerNorm(D)
@@ -185,6 +185,13 @@ def round_trip(layer, x, dy):
     layer.zero_grad()
     layer.forward(x)
     layer.backward(dy)
+
+
+def bias_gelu(gelu, u, bias):
+    """fc1's bias added inside GELU (eval) on a copy of u, refreshed untimed: the
+    blocks add it in place."""
+    work = np.empty_like(u)
+    return in_place(lambda: np.copyto(work, u), lambda: gelu.eval().forward(work, bias))
 
 
 def gelu_backward(gelu, u, dy):
