@@ -181,7 +181,6 @@ N0, N1, N2, N3, N4, N5, N6 = (F(c * SQRT_HALF) for c in ERF_NEAR)  # erf(x / sqr
 NEAR = F(1 / SQRT_HALF)  # |x| <= sqrt 2: Phi(x) = 1/2 + erf(x / sqrt 2) / 2 by ERF_NEAR
 
 
-
 def _gelu(u, bias, y, dydx):
     """y = GELU(u + bias) and, unless dydx is None, dydx = GELU'(u + bias), for (M, D)
     float32 arrays, in float32 (dydx None: Numba compiles a loop without the derivative);
