@@ -1,7 +1,8 @@
 """The formulas the fast CPU kernels run on one block of rows (``blocks.each_block``):
-sums along rows and down columns, a float32 erf, GELU and its derivative, and the
-softmax in place. Each writes into the arrays it is given (``out=``, ``+=``) so
-that a block's temporaries are few and stay in the cache.
+sums along rows, a float32 erf, GELU and its derivative, and the softmax in place;
+and the bias gradient's sum down the columns, for a whole layer. Each writes into the
+arrays it is given (``out=``, ``+=``) so that a block's temporaries are few and stay in
+the cache.
 
 Shapes: a block is (m, D), m of the rows and D the last axis, or (b, ...) for the
 attention's blocks of b images.
@@ -16,14 +17,6 @@ def row_sum(a, b=None):
     """sum over the last axis of a (or of a * b), kept as a length-1 axis: (..., D) -> (..., 1)."""
     total = xp.einsum("...i->...", a) if b is None else xp.einsum("...i,...i->...", a, b)
     return total[..., None]
-
-
-def column_sum(a, b=None):
-    """sum of a (or of a * b) over every axis but the last: (..., D) -> (D,)."""
-    a = a.reshape(-1, a.shape[-1])
-    if b is None:
-        return xp.einsum("ij->j", a)
-    return xp.einsum("ij,ij->j", a, b.reshape(-1, b.shape[-1]))
 
 
 def bias_sum(a):
