@@ -21,7 +21,7 @@ contract, and overrides only what it does faster. What makes each faster:
 - ``Dropout``, ``AdamW``: the mask and the update in blocks;
 - ``Linear``: the bias gradient summed by a matrix-vector product (``Conv2d``: ``cpu_conv.py``).
 Where Numba is installed, GELU (float32), LayerNorm and the attention's softmax
-backward run ``cpu_numba.py``'s compiled loops instead of their blocks (the same formulas).
+backward run ``cpu_numba.py``'s compiled loops (the blocks' formulas, Phi near 0 and sums apart).
 
 ``tests/test_fast.py`` checks every class here against its reference;
 docs/performance.md has what each change measured.
