@@ -185,14 +185,18 @@ def exact_gelu_and_derivative(x):
 def test_float32_gelu_value_and_derivative_within_2e7(route):
     """float32 computes max(x, 0) - |x| Phi(-|x|) by its own erfc polynomial, and its
     derivative: both within 2e-7 (relative to max(1, |x|)), the value in eval mode too
-    (compiled, each mode is a loop of its own, rounded its own way)."""
-    x = np.linspace(-10, 10, 20001).astype(np.float32)
+    (compiled, each mode is a loop of its own, rounded its own way); every 2^-17 of
+    [-2, 2], where the compiled Phi's series near 0 meets 1/2 - Phi(-|x|), and every
+    2^-21 of [-0.2, 0.2], where the blocks' derivative, 1/2 + (1/2 - Phi(-|x|)) + ...,
+    keeps up to 5 float32 spacings of Phi(-|x|) ~ 1/2: 3e-7 there."""
+    x = np.unique(np.concatenate([np.linspace(-10, 10, 20001), np.arange(-2, 2, 2.0**-17),
+                                  np.arange(-0.2, 0.2, 2.0**-21)]).astype(np.float32))
     exact, exact_dydx = exact_gelu_and_derivative(x)
     gelu = cpu.GELU()
     y = gelu.forward(x)
     dydx = gelu.backward(np.ones_like(x))
     assert y.dtype == np.float32 and dydx.dtype == np.float32
-    assert np.abs(dydx - exact_dydx).max() < 2e-7
+    assert np.abs(dydx - exact_dydx).max() < (2e-7 if route else 3e-7)
     for value in (y, gelu.eval().forward(x)):
         assert (np.abs(value - exact) / np.maximum(1, np.abs(x))).max() < 2e-7
 
@@ -309,13 +313,41 @@ def test_fast_layernorm_refuses_a_wrong_last_axis_and_integers_on_either_route(r
 
 def test_float32_gelu_far_from_zero_is_x_or_0_with_slope_1_or_0(route):
     """Beyond |x| = 8, Phi(x) is 1 or 0 to float32 rounding: y = max(x, 0), y' = 1 or 0,
-    up to magnitudes where x^2 overflows."""
-    x = np.float32([9, 1e4, 1e9, 1e30, -9, -1e4, -1e9, -1e30])
+    up to magnitudes where x^2 overflows, and at infinity (no inf * 0 = nan)."""
+    x = np.float32([9, 1e4, 1e9, 1e30, np.inf, -9, -1e4, -1e9, -1e30, -np.inf])
     gelu = cpu.GELU()
     y = gelu.forward(x)
     dydx = gelu.backward(np.ones_like(x))
     np.testing.assert_allclose(y, np.maximum(x, 0), rtol=1e-7, atol=1e-12)  # -9 Phi(-9) = -1e-18
     np.testing.assert_allclose(dydx, (x > 0).astype(np.float32), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape, dout_shape", [((), ()), ((3, 0), (3, 0)), ((2, 0, 5), (2, 0, 5)),
+                                               ((4, 5), (5,)), ((4, 5), (2, 4, 5))])
+def test_fast_gelu_takes_the_shapes_the_reference_takes(route, dtype, shape, dout_shape):
+    """A 0-d array, no rows or no features, and a dout that broadcasts against y, as the
+    reference's backward does."""
+    rng = np.random.default_rng(0)
+    x, dout = (rng.standard_normal(s).astype(dtype) for s in (shape, dout_shape))
+    fast_gelu, reference = cpu.GELU(), layers.GELU()
+    pairs = ((fast_gelu.forward(x.copy()), reference.forward(x.copy())),
+             (fast_gelu.backward(dout), reference.backward(dout)))
+    for ours, theirs in pairs:
+        assert ours.shape == theirs.shape and ours.dtype == theirs.dtype
+        np.testing.assert_allclose(ours, theirs, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_fast_layernorm_of_one_feature_gives_beta_and_a_zero_gradient(route, dtype):
+    """Over one feature x - mean(x) is 0, so y = beta and dx = 0 exactly: rstd = 1 /
+    sqrt(eps) would magnify any rounding of dy gamma - mean(dy gamma) a thousandfold."""
+    rng = np.random.default_rng(0)
+    x, dy = (rng.standard_normal((70, 1)).astype(dtype) for _ in range(2))
+    norm = cpu.LayerNorm(1, dtype=dtype)
+    norm.weight.data[...], norm.bias.data[...] = 0.3, 0.25  # dy * 0.3 is rounded
+    np.testing.assert_array_equal(norm.forward(x), np.full_like(x, 0.25))
+    np.testing.assert_array_equal(norm.backward(dy), np.zeros_like(x))
 
 
 @pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs os.fork")

@@ -44,8 +44,8 @@ from .kernel import FastKernel
 
 
 def rows_of(a):
-    """a (..., D) as a 2-D (M, D) view (or copy, if its layout needs one)."""
-    return a.reshape(-1, a.shape[-1])
+    """a (..., D) as a 2-D (M, D) view (or copy, if its layout needs one); 0-d a as (1, 1)."""
+    return a.reshape(math.prod(a.shape[:-1]), a.shape[-1] if a.ndim else 1)
 
 
 # ---------------------------------------------------------------------------
@@ -197,6 +197,8 @@ class GELU(FastKernel, layers.GELU):
 
     def backward(self, dout):
         dydx = self._take_cache()
+        if dout.shape != dydx.shape:
+            return dout * dydx  # broadcast, as the reference's
         each_block(_scale_in_place, rows_of(dydx), rows_of(dout))
         return dydx  # the cache, scaled in place: it serves one backward
 

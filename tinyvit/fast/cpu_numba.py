@@ -18,12 +18,14 @@ Compiled, each takes a quarter to a half of the blocks' time (``benchmarks/compi
 ``cpu.GELU`` (float32; float64 keeps the exact erf) and ``cpu.LayerNorm`` call
 these when ``compiled()`` says so: Numba is installed and neither
 ``set_compiled(False)`` nor ``TINYVIT_NUMBA=0`` turned it off. Their rows are
-spread over ``blocks.num_threads()`` threads by Numba's ``prange``, and give the
-same bits whatever that count: the column sums of LayerNorm's backward are taken
+spread over ``blocks.num_threads()`` threads by Numba's ``prange`` (at most
+``NUMBA_NUM_THREADS``, which Numba reads once, when imported: the cores by default), and
+give the same bits whatever that count: the column sums of LayerNorm's backward are taken
 per chunk of CHUNK_ROWS rows and the chunks added in order. The threads are
 Numba's "workqueue" layer, whose idle threads sleep (the OpenMP layer's threads
 spin, and took the cores from OpenBLAS's products: docs/performance.md), one loop
-at a time, unless ``NUMBA_THREADING_LAYER`` says otherwise. Softmax's backward runs
+at a time, unless ``NUMBA_THREADING_LAYER`` says otherwise (with "omp", GNU OpenMP's,
+a child forked after a compiled loop ran dies at its own first one). Softmax's backward runs
 inside the attention's blocks (``cpu_attention.py``), so it is compiled without
 ``prange``, for the calling thread, the GIL released; a function is compiled one of
 the two ways only, as Numba's disk cache keeps one build per function and types.
@@ -40,7 +42,7 @@ import threading
 from ..backend import xp
 from ..nn.functional import INV_SQRT_2PI, SQRT_HALF
 from .blocks import num_threads
-from .elementwise import ERF_NEAR, ERFC_P, ERFC_T, softmax_backward_inplace
+from .elementwise import ERFC_P, ERFC_T, PHI_NEAR, PHI_NEAR_EDGE, softmax_backward_inplace
 from .openblas import limit_spinning
 
 INSTALLED = importlib.util.find_spec("numba") is not None  # imported at the first call
@@ -177,31 +179,28 @@ P = F(ERFC_P * SQRT_HALF)  # t = 1 / (1 + P |x|): erfc(|x| / sqrt 2) = exp(-x^2 
 T0, T1, T2, T3, T4, T5 = (F(c) for c in ERFC_T)
 GAUSS_EDGE = F(8.0)  # exp(-x^2 / 2) for |x| <= 8; beyond, 0 (it is below 1.3e-14)
 INV_SQRT_2PI_32 = F(INV_SQRT_2PI)
-N0, N1, N2, N3, N4, N5, N6 = (F(c * SQRT_HALF) for c in ERF_NEAR)  # erf(x / sqrt 2) / x
-NEAR = F(1 / SQRT_HALF)  # |x| <= sqrt 2: Phi(x) = 1/2 + erf(x / sqrt 2) / 2 by ERF_NEAR
+Q0, Q1, Q2, Q3, Q4, Q5, Q6 = (F(c) for c in PHI_NEAR)  # (Phi(x) - 1/2) / x, in x^2 / 2
+NEAR = F(PHI_NEAR_EDGE)
 
 
 def _gelu(u, bias, y, dydx):
     """y = GELU(u + bias) and, unless dydx is None, dydx = GELU'(u + bias), for (M, D)
-    float32 arrays, in float32 (dydx None: Numba compiles a loop without the derivative);
-    Phi(x) near 0 (|x| <= sqrt 2) by erf's own series, where 1 - Phi(-x) would keep
-    erfc's rounding."""
+    float32 arrays, in float32 (dydx None: Numba compiles a loop without the derivative),
+    by ``elementwise.gelu_erf``'s formulas."""
     M, D = u.shape
     for m in prange(M):
         for j in range(D):
             x = u[m, j] + bias[j]
-            a = abs(x)
-            c = min(a, GAUSS_EDGE)
-            g = -HALF * c * c
-            gauss = exp_nonpositive(g) if a <= GAUSS_EDGE else ZERO  # exp(-x^2 / 2)
+            a = min(abs(x), GAUSS_EDGE)  # gauss and tail are 0 beyond: no inf * 0
+            h = HALF * a * a  # x^2 / 2, capped
+            gauss = exp_nonpositive(-h) if abs(x) <= GAUSS_EDGE else ZERO  # exp(-x^2 / 2)
             t = ONE / (ONE + P * a)
             tail = HALF * gauss * t * (T0 + t * (T1 + t * (T2 + t * (T3 + t * (T4 + t * T5)))))
             y[m, j] = max(x, ZERO) - a * tail  # tail = Phi(-|x|)
-            if dydx is not None:  # Phi(x) + x phi(x)
-                z2 = -g  # x^2 / 2, capped
-                erf = x * (N0 + z2 * (N1 + z2 * (N2 + z2 * (N3 + z2 * (N4 + z2 * (N5 + z2 * N6))))))
-                cdf = HALF + HALF * erf if a <= NEAR else (ONE - tail if x > ZERO else tail)
-                dydx[m, j] = cdf + x * gauss * INV_SQRT_2PI_32
+            if dydx is not None:  # 1/2 + sign(x) (Phi(|x|) - 1/2 + |x| phi(x))
+                near = a * (Q0 + h * (Q1 + h * (Q2 + h * (Q3 + h * (Q4 + h * (Q5 + h * Q6))))))
+                lift = near if a <= NEAR else HALF - tail
+                dydx[m, j] = HALF + math.copysign(lift + a * gauss * INV_SQRT_2PI_32, x)
 
 
 def gelu(u, bias, train):
@@ -265,13 +264,14 @@ def _layer_norm_backward(dout, xhat, rstd, w, dskip, add, dx, dgamma, dbeta):
             mean_g, mean_gx = 0.0, 0.0
             for j in range(D):
                 g = dout[m, j] * w[j]
+                dx[m, j] = g  # kept, rounded: recomputed, fastmath would fuse it into g - mg
                 mean_g += g
                 mean_gx += g * xhat[m, j]
                 dgamma[c, j] += dout[m, j] * xhat[m, j]
                 dbeta[c, j] += dout[m, j]
             mg, mgx = cast(mean_g / D), cast(mean_gx / D)
             for j in range(D):
-                v = (dout[m, j] * w[j] - mg - xhat[m, j] * mgx) * rstd[m, 0]
+                v = (dx[m, j] - mg - xhat[m, j] * mgx) * rstd[m, 0]
                 dx[m, j] = v + dskip[m, j] if add else v
 
 

@@ -41,6 +41,13 @@ ERFC_T = (0.23532515, 0.09138885, 0.64955831, -0.63539893, 0.88666354, -0.227536
 # from its neighbours), which the erf of a small z is much smaller than.
 ERF_NEAR = (1.128379165727, -0.3761262582361, 0.1128358514015, -0.02685381152487,
             0.005188326800554, -8.010184927251e-4, 7.853829594439e-5)
+# The same series for the normal CDF: Phi(x) - 1/2 = erf(x / sqrt 2) / 2 = x P(x^2 / 2), for
+# |x| <= PHI_NEAR_EDGE (erf's |z| <= 1); the compiled GELU's derivative uses it near 0.
+PHI_NEAR = tuple(0.5 * SQRT_HALF * c for c in ERF_NEAR)
+PHI_NEAR_EDGE = 1 / SQRT_HALF
+# Beyond this |x|, exp(-x^2 / 2) and Phi(-|x|) are 0 in float32: |x| is capped there where it
+# multiplies them, so that x = inf gives inf * 0 nowhere.
+GAUSS_ZERO_EDGE = 16.0
 
 
 def _horner(x, coefficients):
@@ -90,9 +97,9 @@ def gelu_erf(x, y, dydx):
     """y = x Phi(x) and, unless dydx is None, dydx = Phi(x) + x phi(x), written in place.
 
     float32 by ``erfc_nonnegative``, with a = |x| and tail = Phi(-a) = erfc(a / sqrt 2) / 2:
-        x Phi(x) = max(x, 0) - a tail        (x >= 0: x - x Phi(-x);  x < 0: x Phi(x))
-        Phi(x)   = 1/2 + sign(x) (1/2 - tail)
-    float64 by the exact erf.
+        x Phi(x) = max(x, 0) - a tail          (x >= 0: x - x Phi(-x);  x < 0: x Phi(x))
+        Phi(x) + x phi(x) = 1/2 + sign(x) (1/2 - tail + a phi(a)),
+    a capped at ``GAUSS_ZERO_EDGE`` where it multiplies tail or phi. float64 by the exact erf.
     """
     if x.dtype == xp.float64:
         cdf = normal_cdf(x)
@@ -106,19 +113,18 @@ def gelu_erf(x, y, dydx):
     gauss *= -0.5
     xp.exp(gauss, out=gauss)  # exp(-x^2/2)
     tail = erfc_nonnegative(a, gauss, SQRT_HALF)
-    tail *= 0.5  # Phi(-|x|)
-    xp.maximum(x, 0.0, out=y)
+    tail *= 0.5  # Phi(-a)
+    xp.minimum(a, GAUSS_ZERO_EDGE, out=a)  # gauss and tail are 0 beyond: no inf * 0
     if dydx is not None:
-        xp.sign(x, out=dydx)
+        xp.subtract(0.5, tail, out=dydx)
+        gauss *= a
+        gauss *= INV_SQRT_2PI  # a phi(a)
+        dydx += gauss
+        dydx *= xp.sign(x, out=gauss)
+        dydx += 0.5
+    xp.maximum(x, 0.0, out=y)
     a *= tail
     y -= a
-    if dydx is not None:
-        xp.subtract(0.5, tail, out=tail)
-        dydx *= tail
-        dydx += 0.5
-        gauss *= x
-        gauss *= INV_SQRT_2PI  # x phi(x)
-        dydx += gauss
 
 
 def gelu_tanh(x, y, dydx):
