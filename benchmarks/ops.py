@@ -15,7 +15,8 @@ GEMM throughput. The bandwidth is the best of a large add (three arrays of 64 Mi
 NumPy on every core through ``tinyvit.fast.blocks`` and by PyTorch; the GEMM throughput is
 the best 2048 x 2048 product of either. Rows marked "before" time the code of the whole
 arrays, one NumPy operation after another, that the kernels replaced; two rows time the
-reference tier's layer.
+reference tier's layer; rows "by NumPy's BLAS" time a Linear's product as NumPy does it,
+where the fast Linear's goes to MKL (``tinyvit/fast/mkl.py``).
 """
 
 import argparse
@@ -31,7 +32,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "tests"))  # torch_reference.py
 
 from machine import machine_report, print_machine, setup_backends, torch  # noqa: E402
-from tinyvit.fast import accelerate, blocks, cpu, cpu_attention, cpu_numba, elementwise  # noqa: E402
+from tinyvit.fast import accelerate, blocks, cpu, cpu_attention, cpu_numba, elementwise, mkl  # noqa: E402
 from tinyvit.nn import layers  # noqa: E402
 
 MiB = 1 << 20
@@ -152,11 +153,26 @@ def ops(batch):
     table += [("dropout p=0.1 forward, training (M x Dm)", lambda: drop.forward(u),
                lambda: F.dropout(tu, 0.1, training=True), 3 * size, 0)]
     table += adamw_rows()
-    W = randn(Dm, D)
-    tW = torch.from_numpy(W)
-    table += [("Linear (M x D) (D x Dm)", lambda: x @ W.T, lambda: tx @ tW.T,
-               nsize + W.nbytes + size, 2 * M * D * Dm)]
+    table += linear_rows(x, dy)
     return table + layer_rows(randn(batch, 65, D), randn(batch, 65, D))
+
+
+def linear_rows(x, dy):
+    """A Linear's three products, (M, D) to (M, Dm), by the fast Linear's route (MKL or
+    NumPy's BLAS: ``mkl.enabled()``) and by NumPy's, against PyTorch's nn.Linear's."""
+    (M, D), Dm = x.shape, dy.shape[1]
+    W = np.random.default_rng(1).standard_normal((Dm, D), dtype=np.float32)
+    tx, tdy, tW = (torch.from_numpy(a) for a in (x, dy, W))
+    flops, moved = 2 * M * D * Dm, x.nbytes + W.nbytes + dy.nbytes
+    rows = []
+    for name, a, b, theirs in (
+            ("Linear forward, x W^T (M x D) (D x Dm)", x, W.T,
+             lambda: torch.nn.functional.linear(tx, tW)),
+            ("Linear backward, dW = dy^T x", dy.T, x, lambda: torch.mm(tdy.t(), tx)),
+            ("Linear backward, dx = dy W", dy, W, lambda: torch.mm(tdy, tW))):
+        rows += [(name, lambda a=a, b=b: cpu.product(a, b), theirs, moved, flops),
+                 ("  by NumPy's BLAS", lambda a=a, b=b: a @ b, theirs, moved, flops)]
+    return rows
 
 
 def layer_rows(x, dy):
@@ -352,8 +368,10 @@ def main(argv=None):
     setup_backends(gpu=False)
     print_machine(machine_report(gpu=False))
     route = "compiled by Numba" if cpu_numba.compiled() else "in NumPy blocks"
+    blas = "MKL" if mkl.enabled() else "NumPy's BLAS"
     print(f"tinyvit threads {blocks.num_threads()}, torch threads {torch.get_num_threads()}; "
-          f"GELU, LayerNorm and softmax's backward {route} (TINYVIT_NUMBA=0: the blocks)")
+          f"GELU, LayerNorm and softmax's backward {route} (TINYVIT_NUMBA=0: the blocks); "
+          f"Linear's products by {blas} (TINYVIT_MKL=0: NumPy's)")
     bandwidth, gemm = bandwidth_and_gemm(args.repeats)
     table, medians = run(args.rounds, args.repeats, args.batch)
     print_table(table, medians, bandwidth, gemm)

@@ -16,7 +16,7 @@ from conftest import jitter, output_shape, randn
 from cuda_mirrors import dropout_apply
 from tinyvit import backend as B
 from tinyvit import fast
-from tinyvit.fast import blocks, cpu, cpu_conv, cpu_numba, elementwise
+from tinyvit.fast import blocks, cpu, cpu_conv, cpu_numba, elementwise, mkl
 from tinyvit.nn import conv, layers, loss, optim
 
 TOLERANCE = {np.float64: 1e-12, np.float32: 1e-5}
@@ -219,6 +219,116 @@ def test_erf32_within_1_5e7_of_math_erf_over_the_float32_range():
     assert error.max() < 1.5e-7
     assert error.max() > 1e-8  # it is an approximation: a measurement, not a copy of erf
     np.testing.assert_array_equal(elementwise.erf32(np.float32([np.nan])), [np.nan])
+
+
+# --------------------------------------------------------------------------- MKL's products
+
+needs_mkl = pytest.mark.skipif(mkl.library_path() is None, reason="MKL is not installed")
+
+
+@pytest.fixture
+def small_products_to_mkl(monkeypatch):
+    """MKL takes products of any size, so that small test cases reach it."""
+    monkeypatch.setattr(mkl, "MIN_MULTIPLY_ADDS", 1)
+
+
+@pytest.fixture(params=[False, True], ids=["numpy", "mkl"])
+def products(request, small_products_to_mkl):
+    """Linear's products by NumPy's BLAS, or by MKL (skipped where it is not installed),
+    on any processor and at any size; the choice undone after the test."""
+    if request.param and mkl.library_path() is None:
+        pytest.skip("MKL is not installed")
+    mkl.set_enabled(request.param)
+    yield request.param
+    mkl.set_enabled(None)
+
+
+def layouts(a):
+    """a row-major, as the transpose of a row-major array, and as a slice of a wider one."""
+    wide = np.zeros((a.shape[0], a.shape[1] + 3), dtype=a.dtype)
+    wide[:, 1:-2] = a
+    return [a, np.ascontiguousarray(a.T).T, wide[:, 1:-2]]
+
+
+@needs_mkl
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_mkl_matmul_equals_numpys_in_every_layout_on_any_thread_count(threads, dtype,
+                                                                      small_products_to_mkl):
+    """One row, one of everything, more rows than threads; each operand in each layout;
+    on 1 and 3 threads the same bits (each thread's rows are its own gemm)."""
+    rng = np.random.default_rng(0)
+    for M, K, N in ((1, 7, 5), (1, 1, 1), (301, 64, 40)):
+        a, b = (rng.standard_normal(s).astype(dtype) for s in ((M, K), (K, N)))
+        for A in layouts(a):
+            for B_ in layouts(b):
+                assert mkl.takes(A, B_)
+                threads(1)
+                one = mkl.matmul(A, B_)
+                threads(3)
+                assert one.dtype == dtype and one.shape == (M, N)
+                np.testing.assert_array_equal(mkl.matmul(A, B_), one)
+                np.testing.assert_allclose(one, A @ B_, rtol=TOLERANCE[dtype],
+                                           atol=TOLERANCE[dtype])
+
+
+def test_mkl_takes_products_of_config_b_and_c_not_of_config_a():
+    """A Linear's forward in config A (2176 x 64 by 64 x 192) and in B (6400 x 128 by
+    128 x 256), on either side of MIN_MULTIPLY_ADDS."""
+    a, w = np.ones((2176, 64), dtype=np.float32), np.ones((192, 64), dtype=np.float32)
+    b, v = np.ones((6400, 128), dtype=np.float32), np.ones((256, 128), dtype=np.float32)
+    assert not mkl.takes(a, w.T) and mkl.takes(b, v.T)
+
+
+@needs_mkl
+def test_mkl_matmul_leaves_to_numpy_what_gemm_cannot_read(small_products_to_mkl):
+    """Integers, two dtypes, float16, a batch of matrices, an empty axis, and steps
+    along both axes: NumPy's product, the same values."""
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((6, 4)), rng.standard_normal((4, 3))
+    cases = [(np.arange(6).reshape(2, 3), np.arange(6).reshape(3, 2)),
+             (a.astype(np.float32), b), (a.astype(np.float16), b.astype(np.float16)),
+             (np.stack([a, a]), b), (a[:, :0], b[:0]), (a[::2, ::2], b[::2, ::2])]
+    for A, B_ in cases:
+        assert not mkl.takes(A, B_)
+        np.testing.assert_array_equal(mkl.matmul(A, B_), A @ B_)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("shape", [(3, 7), (2, 9, 7), (4, 300, 7)])
+def test_fast_linear_equals_reference_by_either_blas(products, shape, dtype):
+    reference, kernel = (build(layers.Linear, tier, dtype) for tier in ("reference", "fast"))
+    x, dout = (randn(*shape) * 2).astype(dtype), randn(*shape[:-1], 5, seed=1).astype(dtype)
+    for ours, theirs in zip(run(kernel, x, dout), run(reference, x, dout), strict=True):
+        assert ours.dtype == dtype and ours.shape == theirs.shape
+        assert rel_err(ours, theirs) <= TOLERANCE[dtype]
+
+
+def test_tinyvit_mkl_chooses_the_products_and_refuses_other_values(monkeypatch):
+    """Unset: MKL on an Intel processor; 1: MKL on any; 0: NumPy's BLAS; without MKL
+    installed, NumPy's whatever the variable says."""
+    monkeypatch.setattr(mkl, "library_path", lambda: "/lib/libmkl_rt.so.2")
+    monkeypatch.delenv(mkl.ENVIRONMENT_VARIABLE, raising=False)
+    for intel, setting, expected in ((True, None, True), (False, None, False), (False, "1", True),
+                                     (True, "0", False), (True, " 1 ", True)):
+        monkeypatch.setattr(mkl, "intel_processor", lambda intel=intel: intel)
+        if setting is not None:
+            monkeypatch.setenv(mkl.ENVIRONMENT_VARIABLE, setting)
+        assert mkl.enabled() is expected, (intel, setting)
+    monkeypatch.setattr(mkl, "library_path", lambda: None)
+    assert mkl.enabled() is False
+    monkeypatch.setenv(mkl.ENVIRONMENT_VARIABLE, "on")
+    with pytest.raises(ValueError, match=r"TINYVIT_MKL: expected 1 \(MKL's products, where it is "
+                                         r"installed\) or 0 \(NumPy's\), got 'on'"):
+        mkl.enabled()
+
+
+def test_set_enabled_takes_true_false_or_none_and_true_needs_mkl(monkeypatch):
+    with pytest.raises(ValueError, match=r"set_enabled: expected True, False or None, got 1"):
+        mkl.set_enabled(1)
+    monkeypatch.setattr(mkl, "library_path", lambda: None)
+    with pytest.raises(ImportError,
+                       match=r'set_enabled\(True\) needs MKL: pip install -e "\.\[mkl\]"'):
+        mkl.set_enabled(True)
 
 
 # --------------------------------------------------------------------------- blocks and threads

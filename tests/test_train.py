@@ -23,7 +23,7 @@ from conftest import (
 )
 from tinyvit import backend as B
 from tinyvit.data import DatasetError
-from tinyvit.fast import cpu_numba
+from tinyvit.fast import cpu_numba, mkl
 from tinyvit.models import ViT
 from tinyvit.train import TrainConfig, fit, load_trained, predict
 from tinyvit.train.parallel import auto_workers
@@ -456,12 +456,15 @@ def test_the_trainer_says_which_layers_it_runs(stripes, tmp_path, capsys, flags,
     assert line.startswith(first_line)
     compiled = ("; GELU, LayerNorm and softmax's backward compiled by Numba "
                 "(TINYVIT_NUMBA=0: in NumPy blocks)")
+    products = "; Linear's products by MKL (TINYVIT_MKL=0: NumPy's BLAS)"
+    assert line.endswith(products) == (not flags and mkl.enabled())
+    line = line.removesuffix(products)
     assert line.endswith(compiled) == (not flags and cpu_numba.compiled())
     _, _, meta = load_checkpoint(out / "last.npz")
     assert meta["config"]["tier"] == ("reference" if flags else "fast")
 
 
-@pytest.mark.parametrize("variable, value", [("TINYVIT_NUMBA", "yes"),
+@pytest.mark.parametrize("variable, value", [("TINYVIT_NUMBA", "yes"), ("TINYVIT_MKL", "on"),
                                              ("TINYVIT_NUM_THREADS", "abc")])
 def test_a_bad_kernel_setting_is_one_line_before_any_work(stripes, tmp_path, capsys,
                                                            monkeypatch, variable, value):

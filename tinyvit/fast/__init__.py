@@ -12,9 +12,9 @@ keeps ``train_gpt2.c`` as the reference of its CUDA kernels:
   methods holding the work with faster code (``cpu.py``, ``cpu_attention.py`` and
   ``cpu_conv.py`` for NumPy, their elementwise work in cache-sized blocks over the
   cores, ``blocks.py``, GELU, LayerNorm and softmax's backward compiled by Numba
-  where it is installed,
-  ``cpu_numba.py``; ``gpu.py``'s table of ``gpu_*.py`` for CuPy, with the CUDA C of
-  ``kernels/``, which ``compile.py`` compiles) and keeps
+  where it is installed, ``cpu_numba.py``, Linear's products by MKL where it is
+  installed on an Intel processor, ``mkl.py``; ``gpu.py``'s table of ``gpu_*.py``
+  for CuPy, with the CUDA C of ``kernels/``, which ``compile.py`` compiles) and keeps
   the layer's contract, parameters and names; on a GPU the loss and AdamW too.
   Every kernel is tested equal to its reference (``tests/test_fast.py``).
 
@@ -25,7 +25,7 @@ nothing), and a layer's ``tier`` and ``repr`` say which code it runs.
 
 from ..backend import get_backend
 from ..nn.module import Module
-from . import blocks, cpu, cpu_numba, gpu
+from . import blocks, cpu, cpu_numba, gpu, mkl
 
 KERNELS = {"numpy": cpu.KERNELS, "cupy": gpu.KERNELS}  # backend -> {reference class: kernel}
 
@@ -62,7 +62,8 @@ def for_tier(tier):
 
 
 def check_environment():
-    """A ValueError naming the variable if ``TINYVIT_NUM_THREADS`` or ``TINYVIT_NUMBA``
-    holds a value the CPU kernels would refuse at their first call."""
+    """A ValueError naming the variable if ``TINYVIT_NUM_THREADS``, ``TINYVIT_NUMBA`` or
+    ``TINYVIT_MKL`` holds a value the CPU kernels would refuse at their first call."""
     blocks.num_threads()
     cpu_numba.compiled()
+    mkl.enabled()

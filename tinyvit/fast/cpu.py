@@ -35,7 +35,7 @@ import math
 from ..backend import xp
 from ..checks import check_float
 from ..nn import conv, layers, optim
-from . import cpu_numba
+from . import cpu_numba, mkl
 from .blocks import each_block
 from .cpu_attention import Attention, ClassAttention
 from .cpu_conv import Conv2d
@@ -54,18 +54,38 @@ def rows_of(a):
 
 
 class Linear(FastKernel, layers.Linear):
-    """The reference Linear with its bias gradient summed by one matrix-vector
-    product, and ``project``: its forward without the bias, for a kernel that adds
-    the bias itself."""
+    """The reference Linear with its products by MKL where ``mkl.enabled()`` (else
+    NumPy's), its bias gradient summed by one matrix-vector product, and ``project``:
+    its forward without the bias, for a kernel that adds the bias itself."""
 
     column_sum = staticmethod(bias_sum)
+
+    def forward(self, x):
+        y = self.project(x)
+        if self.bias is not None:
+            y += self.bias.data
+        return y
 
     def project(self, x):
         """x W^T, (..., in) -> (..., out), cached as ``forward`` caches."""
         self.check_input(x)
         x2 = x.reshape(-1, self.in_features)  # (M, in)
         self.cache = x2 if self.training else None
-        return (x2 @ self.weight.data.T).reshape(*x.shape[:-1], self.out_features)
+        return product(x2, self.weight.data.T).reshape(*x.shape[:-1], self.out_features)
+
+    def backward(self, dout):
+        """The reference's: dW = dy^T x, db = dy summed over rows, dx = dy W."""
+        x2 = self._take_cache()
+        dout2 = dout.reshape(-1, self.out_features)  # (M, out)
+        self.weight.grad += product(dout2.T, x2)
+        if self.bias is not None:
+            self.bias.grad += self.column_sum(dout2)
+        return product(dout2, self.weight.data).reshape(*dout.shape[:-1], self.in_features)
+
+
+def product(a, b):
+    """a @ b, by MKL where it is enabled."""
+    return mkl.matmul(a, b) if mkl.enabled() else a @ b
 
 
 class LayerNorm(FastKernel, layers.LayerNorm):

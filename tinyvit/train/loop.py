@@ -26,7 +26,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from ..backend import get_backend, on_cpu, set_backend
-from ..fast import cpu_numba
+from ..fast import cpu_numba, mkl
 from ..files import NoSpaceError, atomic_write
 from ..models import ViT
 from ..weights import CheckpointError, save_checkpoint, saved_model_config
@@ -341,6 +341,8 @@ def _print_start(config, trainer, batches, init_notes, memory):
     if config.tier == "fast" and on_cpu() and cpu_numba.compiled():
         how = ("; GELU, LayerNorm and softmax's backward compiled by Numba "
                "(TINYVIT_NUMBA=0: in NumPy blocks)")
+    if config.tier == "fast" and on_cpu() and mkl.enabled():
+        how += "; Linear's products by MKL (TINYVIT_MKL=0: NumPy's BLAS)"
     print(f"layers: {model.describe_tier()}{how}")
     print(f"{config.dataset}: {batches.images.shape[0]} training images, "
           f"{len(batches)} steps/epoch, {epochs}, backend {get_backend()}, {processes}")
