@@ -165,13 +165,13 @@ def linear_rows(x, dy):
     tx, tdy, tW = (torch.from_numpy(a) for a in (x, dy, W))
     flops, moved = 2 * M * D * Dm, x.nbytes + W.nbytes + dy.nbytes
     rows = []
-    for name, a, b, theirs in (
-            ("Linear forward, x W^T (M x D) (D x Dm)", x, W.T,
+    for name, product, a, b, theirs in (
+            ("Linear forward (M x D) (D x Dm)", "x W^T", x, W.T,
              lambda: torch.nn.functional.linear(tx, tW)),
-            ("Linear backward, dW = dy^T x", dy.T, x, lambda: torch.mm(tdy.t(), tx)),
-            ("Linear backward, dx = dy W", dy, W, lambda: torch.mm(tdy, tW))):
-        rows += [(name, lambda a=a, b=b: cpu.product(a, b), theirs, moved, flops),
-                 ("  by NumPy's BLAS", lambda a=a, b=b: a @ b, theirs, moved, flops)]
+            ("Linear backward", "dW = dy^T x", dy.T, x, lambda: torch.mm(tdy.t(), tx)),
+            ("Linear backward", "dx = dy W", dy, W, lambda: torch.mm(tdy, tW))):
+        rows += [(f"{name}, {product}", lambda a=a, b=b: cpu.product(a, b), theirs, moved, flops),
+                 (f"  {product} by NumPy's BLAS", lambda a=a, b=b: a @ b, theirs, moved, flops)]
     return rows
 
 
@@ -328,6 +328,7 @@ def adamw_rows(count=2_700_000):
 def run(rounds, repeats, batch):
     table = ops(batch)
     times = {name: ([], []) for name, *_ in table}
+    assert len(times) == len(table), "each row's name is its key: no two alike"
     for _ in range(rounds):
         for name, ours, theirs, _, _ in table:
             times[name][0].append(median_ms(ours, repeats))

@@ -342,7 +342,7 @@ def _print_start(config, trainer, batches, init_notes, memory):
         how = ("; GELU, LayerNorm and softmax's backward compiled by Numba "
                "(TINYVIT_NUMBA=0: in NumPy blocks)")
     if config.tier == "fast" and on_cpu() and mkl.enabled():
-        how += "; Linear's products by MKL (TINYVIT_MKL=0: NumPy's BLAS)"
+        how += "; Linear's products of 2^26 multiply-adds or more by MKL (TINYVIT_MKL=0: NumPy's)"
     print(f"layers: {model.describe_tier()}{how}")
     print(f"{config.dataset}: {batches.images.shape[0]} training images, "
           f"{len(batches)} steps/epoch, {epochs}, backend {get_backend()}, {processes}")
