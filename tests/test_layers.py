@@ -83,6 +83,20 @@ def test_erf_is_exact_to_rounding(backend):
     assert np.signbit(special[-1])
 
 
+def test_erf_and_gelu_in_float16_are_float32s_rounded(backend, tier):
+    """float16 has no room for the rationals' polynomials (its largest number is 65504):
+    erf and GELU are computed in float32 and rounded, finite over [-12, 12]."""
+    z = np.linspace(-12, 12, 2001).astype(np.float16)
+    ours = erf(B.to_device(z))
+    assert ours.dtype == np.float16
+    expected = erf(B.to_device(z.astype(np.float32))).astype(np.float16)
+    np.testing.assert_array_equal(B.to_host(ours), B.to_host(expected))
+    y = B.to_host(tier(GELU()).forward(B.to_device(z)))
+    exact = np.array([v * 0.5 * (1 + math.erf(v / math.sqrt(2))) for v in z.astype(np.float64)])
+    assert y.dtype == np.float16 and np.isfinite(y).all()
+    np.testing.assert_allclose(y, exact, rtol=2e-3, atol=1e-3)
+
+
 def test_normal_cdf_and_pdf(backend):
     x = np.linspace(-9, 9, 4001)
     exact_cdf = np.array([0.5 * math.erfc(-float(v) / math.sqrt(2)) for v in x])

@@ -217,8 +217,8 @@ class GELU(FastKernel, layers.GELU):
 
     def backward(self, dout):
         dydx = self._take_cache()
-        if dout.shape != dydx.shape:
-            return dout * dydx  # broadcast, as the reference's
+        if getattr(dout, "shape", None) != dydx.shape or dout.dtype != dydx.dtype:
+            return dout * dydx  # a number, another shape or dtype: as the reference's
         each_block(_scale_in_place, rows_of(dydx), rows_of(dout))
         return dydx  # the cache, scaled in place: it serves one backward
 

@@ -2,13 +2,15 @@
 is installed (``pip install -e ".[mkl]"``) and the processor is Intel's.
 
 A Linear's three products (x W^T forward, dy^T x and dy W backward) are most of a
-training step. On an Intel Xeon, NumPy's OpenBLAS ran them at 165-215 GFLOP/s and
-MKL, which PyTorch uses, at 210-280 (docs/performance.md). MKL is loaded from the
+training step. On an Intel Xeon, NumPy's OpenBLAS ran config C's at 166-214 GFLOP/s and
+PyTorch's MKL at 229-270 (docs/performance.md). MKL is loaded from the
 ``mkl`` wheel by ``ctypes`` and asked for its sequential layer: one thread per call,
 no OpenMP runtime of its own (whose idle threads would spin on the cores, as
 OpenBLAS's did: ``openblas.py``), nothing to break in a forked child. ``matmul``
 splits the rows of the product over ``blocks.num_threads()`` threads, each calling
-gemm on its share (ctypes releases the GIL during the call).
+gemm on its share (ctypes releases the GIL during the call). MKL picks its kernel by
+the rows it is given, so a product of a few hundred rows can differ in its last bits
+with the thread count.
 
 ``cpu.Linear`` calls ``matmul`` when ``enabled()`` says so: MKL is installed, and
 ``TINYVIT_MKL`` is 1, or unset on an Intel processor (on AMD's, MKL ran PyTorch's
@@ -103,8 +105,11 @@ def _gemm(dtype):
 
 def layout(a):
     """(CBLAS's transpose flag, leading dimension) of 2-D a as a row-major matrix (unit
-    step along its rows) or the transpose of one (unit step down its columns), else None."""
-    step0, step1 = (s // a.itemsize for s in a.strides)
+    step along its rows) or the transpose of one (unit step down its columns), else None
+    (also for steps that are not whole elements, as in a field of a record array)."""
+    if any(step % a.itemsize for step in a.strides):
+        return None
+    step0, step1 = (step // a.itemsize for step in a.strides)
     if step1 == 1 and step0 >= max(1, a.shape[1]):
         return NO_TRANS, step0
     if step0 == 1 and step1 >= max(1, a.shape[0]):

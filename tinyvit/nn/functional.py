@@ -94,8 +94,11 @@ def erf(z):
     W. J. Cody's rational approximations on three ranges of y = |z|, each evaluated
     on the entries in its range alone (``ERF_NEAR_ZERO``, ``ERFC_MIDDLE``,
     ``ERFC_TAIL``): erf itself near 0, where 1 - erfc would lose its digits, and
-    erf = 1 - erfc beyond; erf(-z) = -erf(z).
+    erf = 1 - erfc beyond; erf(-z) = -erf(z). float16 is computed in float32 and
+    rounded back: the rationals' polynomials pass float16's largest number, 65504.
     """
+    if z.dtype == xp.float16:
+        return erf(z.astype(xp.float32)).astype(xp.float16)
     y = xp.abs(z)
     out = xp.where(y >= ERF_ONE, 1.0, y)  # 1 there, NaN stays NaN, the rest set below
     near, middle = y <= 0.5, (y > 0.5) & (y <= 4.0)
