@@ -5,11 +5,13 @@ NumPy only: the workers share host memory. Each test starts real processes
 (about a second each), so the model is tiny.
 """
 
+import os
+
 import numpy as np
 import pytest
 
 from tinyvit import backend as B
-from tinyvit.fast import accelerate
+from tinyvit.fast import accelerate, cpu_numba, mkl
 from tinyvit.models import ViT
 from tinyvit.nn.loss import SoftmaxCrossEntropy
 from tinyvit.train.parallel import MAX_AUTO_WORKERS, DataParallel, auto_workers, cpu_cores
@@ -102,6 +104,30 @@ def test_an_error_inside_a_worker_comes_back_with_its_traceback(float64):
         x, _ = batch(4)
         with pytest.raises(RuntimeError, match="(?s)tinyvit worker 0 failed:.*Traceback"):
             parallel.gradients(x, np.full((4, 5), np.nan), seed="not a seed")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/environ"), reason="needs /proc")
+def test_the_workers_start_with_the_parents_choice_of_kernels(float64, monkeypatch):
+    """set_compiled(False) and set_enabled(False) in the parent's code, nothing in its
+    environment: the spawned workers start told the same (TINYVIT_NUMBA=0, TINYVIT_MKL=0),
+    and the parent's environment is as it was."""
+    for variable in (cpu_numba.ENVIRONMENT_VARIABLE, mkl.ENVIRONMENT_VARIABLE):
+        monkeypatch.delenv(variable, raising=False)
+    cpu_numba.set_compiled(False)
+    mkl.set_enabled(False)
+    try:
+        with DataParallel(accelerate(ViT(**SMALL)), 2, max_batch=4) as parallel:
+            parallel.forward(batch(4)[0])  # the workers are running their own code now
+            for process in parallel.processes:
+                with open(f"/proc/{process.pid}/environ", "rb") as f:
+                    environment = dict(item.split(b"=", 1) for item in f.read().split(b"\0")
+                                       if b"=" in item)
+                assert environment[b"TINYVIT_NUMBA"] == b"0"
+                assert environment[b"TINYVIT_MKL"] == b"0"
+    finally:
+        cpu_numba.set_compiled(None)
+        mkl.set_enabled(None)
+    assert "TINYVIT_NUMBA" not in os.environ and "TINYVIT_MKL" not in os.environ
 
 
 def test_worker_counts():

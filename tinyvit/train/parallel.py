@@ -39,7 +39,7 @@ import traceback
 
 from ..allocator import keep_freed_memory
 from ..backend import default_dtype, on_cpu, quiet_overflow, xp
-from ..fast import accelerate
+from ..fast import accelerate, cpu_numba, mkl
 from ..fast.blocks import ENVIRONMENT_VARIABLE
 from ..models import ViT
 from ..nn.loss import SoftmaxCrossEntropy
@@ -51,6 +51,14 @@ MAX_AUTO_WORKERS = 4  # the gain was measured on 2 cores only: more small shares
 # thread for the fast kernels' blocks (each worker computes on one core)
 _WORKER_ENV = {"TINYVIT_BACKEND": "numpy", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
                "MKL_NUM_THREADS": "1", ENVIRONMENT_VARIABLE: "1"}
+
+
+def worker_environment():
+    """``_WORKER_ENV`` and the parent's choice of compiled kernels and of MKL, which a
+    spawned worker would otherwise read again from the environment (``set_compiled`` and
+    ``set_enabled`` in the parent's code would be lost)."""
+    return {**_WORKER_ENV, cpu_numba.ENVIRONMENT_VARIABLE: str(int(cpu_numba.compiled())),
+            mkl.ENVIRONMENT_VARIABLE: str(int(mkl.enabled()))}
 
 
 def cpu_cores():
@@ -115,8 +123,9 @@ class DataParallel:
                                                   name=f"tinyvit-worker-{rank}"))
 
     def __enter__(self):
-        saved = {k: os.environ.get(k) for k in _WORKER_ENV}
-        os.environ.update(_WORKER_ENV)  # a spawned worker inherits the environment at start
+        environment = worker_environment()
+        saved = {k: os.environ.get(k) for k in environment}
+        os.environ.update(environment)  # a spawned worker inherits the environment at start
         try:
             for process in self.processes:
                 process.start()
