@@ -410,6 +410,38 @@ def test_tinyvit_numba_turns_the_compiled_kernels_off_and_refuses_other_values(m
         cpu_numba.compiled()
 
 
+@pytest.mark.skipif(not cpu_numba.INSTALLED, reason="Numba is not installed")
+@pytest.mark.parametrize("user_features", [None, "+sse2"])
+def test_compiled_gelu_uses_512_bit_vectors_where_the_processor_has_avx512(tmp_path,
+                                                                          user_features):
+    """Compiled in a new process (nothing cached): zmm registers in the GELU's machine code
+    exactly where the processor has AVX-512 and the user did not set NUMBA_CPU_FEATURES,
+    which is then left as it was."""
+    import os
+    import subprocess
+    import sys
+    script = ("import numpy as np, numba\n"
+              "from numba.core.codegen import get_host_cpu_features\n"
+              "from tinyvit.fast import cpu_numba\n"
+              "cpu_numba.gelu(np.ones((4, 8), np.float32), None, train=False)\n"
+              "kernel = cpu_numba._compiled(cpu_numba._gelu)\n"
+              "print('+avx512f' in get_host_cpu_features().split(','), "
+              "'zmm' in kernel.inspect_asm(kernel.signatures[0]), numba.config.CPU_FEATURES)\n")
+    environment = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
+    environment.pop("NUMBA_CPU_FEATURES", None)
+    environment.pop("NUMBA_CPU_NAME", None)
+    if user_features:
+        environment["NUMBA_CPU_FEATURES"] = user_features
+    run = subprocess.run([sys.executable, "-c", script], env=environment, capture_output=True,
+                         text=True, check=True)
+    avx512, zmm, features = run.stdout.split()
+    if user_features:
+        assert (zmm, features) == ("False", user_features)
+    else:
+        assert zmm == avx512
+        assert features.endswith(",-prefer-256-bit") is (avx512 == "True")
+
+
 def test_set_compiled_takes_true_false_or_none():
     with pytest.raises(ValueError, match=r"set_compiled: expected True, False or None, got '0'"):
         cpu_numba.set_compiled("0")

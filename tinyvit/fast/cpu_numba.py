@@ -145,10 +145,29 @@ def _numba():
 
     if "NUMBA_THREADING_LAYER" not in os.environ:  # a user's choice of layer wins
         numba.config.THREADING_LAYER = "workqueue"
+    _allow_512_bit_vectors(numba)
     prange, exp2_int = numba.prange, _exp2_bits(numba)
     exp_nonpositive = numba.njit(fastmath=True, cache=True)(exp_nonpositive)
     limit_spinning()  # its threads, like the blocks', need the cores OpenBLAS's idle ones hold
     return numba
+
+
+def _allow_512_bit_vectors(numba):
+    """Let LLVM vectorize with AVX-512's 512-bit registers where the processor has them.
+
+    LLVM's tuning for these processors prefers 256-bit vectors ("prefer-256-bit", against
+    the clock slowdown of the first AVX-512 chips), so a loop of 16 float32 lanes ran as two
+    halves: turned off, the compiled GELU took about half the time (docs/performance.md).
+    Numba's processor features are one setting for the whole process, read when it
+    first compiles: so its own code compiled afterwards is built the same way, and where
+    something compiled earlier, or ``NUMBA_CPU_FEATURES``/``NUMBA_CPU_NAME`` set them,
+    they are left as they are."""
+    from numba.core.codegen import get_host_cpu_features
+
+    features = get_host_cpu_features()  # "+avx2,+avx512f,..." (or "-avx512f")
+    if numba.config.CPU_FEATURES is None and numba.config.CPU_NAME is None \
+            and "+avx512f" in features.split(","):
+        numba.config.CPU_FEATURES = features + ",-prefer-256-bit"
 
 
 @functools.cache
