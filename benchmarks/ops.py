@@ -16,7 +16,10 @@ NumPy on every core through ``tinyvit.fast.blocks`` and by PyTorch; the GEMM thr
 the best 2048 x 2048 product of either. Rows marked "before" time the code of the whole
 arrays, one NumPy operation after another, that the kernels replaced; two rows time the
 reference tier's layer; rows "by NumPy's BLAS" time a Linear's product as NumPy does it,
-where the fast Linear's goes to MKL (``tinyvit/fast/mkl.py``).
+where the fast Linear's goes to MKL (``tinyvit/fast/mkl.py``), and the row "in NumPy
+blocks" the softmax as the blocks compute it, where the fast one is compiled
+(``tinyvit/fast/cpu_numba.py``). GELU's training forward computes y and y' where PyTorch's
+computes y alone; its row "forward + backward" times the work a training step does.
 """
 
 import argparse
@@ -102,8 +105,10 @@ def ops(batch):
          lambda: F.gelu(tu), 2 * size, 0),
         ("GELU forward, training: y and y'", gelu_train,
          lambda: F.gelu(tu), 3 * size, 0),
-        ("GELU backward", lambda: gelu_backward(gelu, u, dy),
+        ("GELU backward", gelu_backward(gelu, u, dy),
          lambda: torch.ops.aten.gelu_backward(tdy, tu), 3 * size, 0),
+        ("GELU forward + backward, training", lambda: gelu_round_trip(gelu, u, dy),
+         lambda: torch_round_trip(torch.nn.GELU(), tu, tdy), 5 * size, 0),
         ("bias + GELU forward, eval", bias_gelu(gelu, u, bias),
          lambda: F.gelu(tu + tbias), 2 * size, 0),
     ]
@@ -128,6 +133,8 @@ def ops(batch):
     ssize, scale = scores.nbytes, Dh**-0.5
     table += [
         ("softmax(scale * S) (B x NH x N x N)", lambda: scaled_softmax(scores, scale),
+         lambda: torch.softmax(ts * scale, -1), 2 * ssize, 0),
+        ("  in NumPy blocks", lambda: scaled_softmax(scores, scale, elementwise.softmax_inplace),
          lambda: torch.softmax(ts * scale, -1), 2 * ssize, 0),
         ("  before: one pass per step", lambda: scaled_softmax_before(scores, scale),
          lambda: torch.softmax(ts * scale, -1), 2 * ssize, 0),
@@ -211,21 +218,22 @@ def bias_gelu(gelu, u, bias):
 
 
 def gelu_backward(gelu, u, dy):
-    gelu.train()
-    gelu.cache = gelu_derivative(u)
+    """GELU's backward on a copy of u's derivative, refreshed untimed: it scales its
+    cache in place."""
+    y, derivative = np.empty_like(u), np.empty_like(u)
+    blocks.each_block(elementwise.gelu_erf, u, y, derivative)
+    cache = np.empty_like(u)
+
+    def setup():
+        np.copyto(cache, derivative)
+        gelu.train().cache = cache
+
+    return in_place(setup, lambda: gelu.backward(dy))
+
+
+def gelu_round_trip(gelu, u, dy):
+    gelu.train().forward(u)
     gelu.backward(dy)
-
-
-_derivatives = {}
-
-
-def gelu_derivative(u):
-    """A fresh copy of u's GELU derivative (the backward scales its cache in place)."""
-    if id(u) not in _derivatives:
-        y, d = np.empty_like(u), np.empty_like(u)
-        blocks.each_block(elementwise.gelu_erf, u, y, d)
-        _derivatives[id(u)] = d
-    return _derivatives[id(u)].copy()
 
 
 def norm_round_trip(norm, x, dy):
@@ -239,12 +247,12 @@ def torch_round_trip(module, x, dy):
     module(x).backward(dy)
 
 
-def scaled_softmax(scores, scale):
+def scaled_softmax(scores, scale, softmax=cpu_numba.softmax_block):
     out = np.empty_like(scores)
 
     def block(s, out):
         np.multiply(s, scale, out=out)
-        elementwise.softmax_inplace(out)
+        softmax(out)
 
     blocks.each_block(block, scores, out)
     return out
@@ -371,7 +379,7 @@ def main(argv=None):
     route = "compiled by Numba" if cpu_numba.compiled() else "in NumPy blocks"
     blas = "MKL" if mkl.enabled() else "NumPy's BLAS"
     print(f"tinyvit threads {blocks.num_threads()}, torch threads {torch.get_num_threads()}; "
-          f"GELU, LayerNorm and softmax's backward {route} (TINYVIT_NUMBA=0: the blocks); "
+          f"GELU, LayerNorm and the softmax {route} (TINYVIT_NUMBA=0: the blocks); "
           f"Linear's products by {blas} (TINYVIT_MKL=0: NumPy's)")
     bandwidth, gemm = bandwidth_and_gemm(args.repeats)
     table, medians = run(args.rounds, args.repeats, args.batch)

@@ -649,6 +649,37 @@ def test_one_max_softmax_equals_the_row_max_softmax(spread):
     np.testing.assert_allclose(ours, expected, rtol=1e-13, atol=0)
 
 
+@pytest.mark.parametrize("extremes", [False, True], ids=["one shift", "row shifts"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_softmax_block_is_the_formula_on_either_route(route, dtype, extremes):
+    """softmax(S) into S: compiled (Numba) for contiguous float32 blocks, in NumPy for
+    float64 and for a strided block, each within rounding of the float64 formula. With
+    extremes (so a shift per row): a row spread over 1000, where exp underflows (to
+    exp(-87) compiled), -inf, which gives 0 (1e-38 compiled), and a nan, whose row stays
+    nan."""
+    rng = np.random.default_rng(0)
+    scores = 4 * rng.standard_normal((3, 2, 5, 9))
+    if extremes:
+        scores[0, 0, 0] *= 250
+        scores[1, 1, 2, 3] = -np.inf
+        scores[2, 0, 4, 5] = np.nan
+    with np.errstate(invalid="ignore"):
+        expected = np.exp(scores - scores.max(-1, keepdims=True))
+    expected /= expected.sum(-1, keepdims=True)
+    strided = np.zeros((3, 2, 5, 18), dtype=dtype)[..., ::2]
+    for out in (scores.astype(dtype), strided):
+        np.copyto(out, scores)
+        compiled = route and dtype == np.float32 and out is not strided
+        assert (cpu_numba.takes_block(out) and out.dtype == np.float32) is compiled
+        with np.errstate(invalid="ignore"):
+            result = cpu_numba.softmax_block(out)
+        assert result is out and out.dtype == dtype
+        assert np.isnan(out[2, 0, 4]).all() == extremes and not np.isnan(out[:2]).any()
+        assert not extremes or 0 <= out[1, 1, 2, 3] <= (2e-38 if compiled else 0)
+        np.testing.assert_allclose(out, expected, rtol=0, atol={np.float32: 1e-6,
+                                                                np.float64: 1e-15}[dtype])
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_softmax_backward_block_is_the_formula_on_either_route(route, dtype):
     """dS = A (dA - sum_j dA_j A_j) into dA: compiled (Numba) for contiguous float

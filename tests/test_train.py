@@ -454,7 +454,7 @@ def test_the_trainer_says_which_layers_it_runs(stripes, tmp_path, capsys, flags,
     assert train_mnist.main(args) == 0
     line = capsys.readouterr().out.splitlines()[0]
     assert line.startswith(first_line)
-    compiled = ("; GELU, LayerNorm and softmax's backward compiled by Numba "
+    compiled = ("; GELU, LayerNorm and the softmax compiled by Numba "
                 "(TINYVIT_NUMBA=0: in NumPy blocks)")
     products = "; Linear's products of 2^26 multiply-adds or more by MKL (TINYVIT_MKL=0: NumPy's)"
     assert line.endswith(products) == (not flags and mkl.enabled())

@@ -11,7 +11,7 @@ keeps ``train_gpt2.c`` as the reference of its CUDA kernels:
 - the fast tier: for some layers, a subclass per backend that overrides the
   methods holding the work with faster code (``cpu.py``, ``cpu_attention.py`` and
   ``cpu_conv.py`` for NumPy, their elementwise work in cache-sized blocks over the
-  cores, ``blocks.py``, GELU, LayerNorm and softmax's backward compiled by Numba
+  cores, ``blocks.py``, GELU, LayerNorm and the softmax compiled by Numba
   where it is installed, ``cpu_numba.py``, Linear's larger products by MKL where it is
   installed on an Intel processor, ``mkl.py``; ``gpu.py``'s table of ``gpu_*.py``
   for CuPy, with the CUDA C of ``kernels/``, which ``compile.py`` compiles) and keeps

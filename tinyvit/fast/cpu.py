@@ -20,8 +20,9 @@ contract, and overrides only what it does faster. What makes each faster:
   q scaled instead of the scores, the gradients of q, k and v written straight into dqkv;
 - ``Dropout``, ``AdamW``: the mask and the update in blocks;
 - ``Linear``: the bias gradient summed by a matrix-vector product (``Conv2d``: ``cpu_conv.py``).
-Where Numba is installed, GELU (float32), LayerNorm and the attention's softmax
-backward run ``cpu_numba.py``'s compiled loops (the blocks' formulas, Phi near 0 and sums apart).
+Where Numba is installed, GELU and the attention's softmax (float32), LayerNorm and the
+softmax's backward run ``cpu_numba.py``'s compiled loops (the blocks' formulas, Phi near 0
+and sums apart).
 
 ``tests/test_fast.py`` checks every class here against its reference;
 docs/performance.md has what each change measured.

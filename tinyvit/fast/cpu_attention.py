@@ -10,7 +10,6 @@ from ..backend import xp
 from ..nn import layers
 from . import cpu_numba
 from .blocks import each_block
-from .elementwise import softmax_inplace
 from .kernel import FastKernel
 
 ATTENTION_BLOCK_BYTES = 1 << 19  # scores of a block of images: 512 KiB, in L2 with A v's inputs
@@ -40,7 +39,7 @@ class FastAttentionCore(FastKernel):
         def scores(q, k, v, qs, A, ctx):  # one block of images
             xp.multiply(q, self.scale, out=qs)
             xp.matmul(qs, xp.ascontiguousarray(k.transpose(0, 1, 3, 2)), out=A)
-            softmax_inplace(A)
+            cpu_numba.softmax_block(A)
             if fused:
                 xp.matmul(A, v, out=ctx)
 

@@ -1,4 +1,4 @@
-"""GELU, LayerNorm and softmax's backward compiled by Numba, where it is installed
+"""GELU, LayerNorm and the softmax compiled by Numba, where it is installed
 (``pip install -e ".[numba]"``): the fast CPU tier's kernels that NumPy's blocks
 leave furthest behind PyTorch's.
 
@@ -11,7 +11,8 @@ variance, xhat, and its backward
 
     dx = rstd (g - mean(g) - xhat mean(g xhat)),   g = dy * gamma,
 
-summed in float64 for every row; softmax's backward ``dS = A (dA - sum_j dA_j A_j)``.
+summed in float64 for every row; the softmax ``exp(s - c) / sum exp(s - c)`` (float32,
+its shift c NumPy's) and its backward ``dS = A (dA - sum_j dA_j A_j)``.
 Compiled, each takes a quarter to a half of the blocks' time (``benchmarks/compiled.py``,
 ``ops.py``; docs/design.md says why these).
 
@@ -25,8 +26,10 @@ per chunk of CHUNK_ROWS rows and the chunks added in order. The threads are
 Numba's "workqueue" layer, whose idle threads sleep (the OpenMP layer's threads
 spin, and took the cores from OpenBLAS's products: docs/performance.md), one loop
 at a time, unless ``NUMBA_THREADING_LAYER`` says otherwise (with "omp", GNU OpenMP's,
-a child forked after a compiled loop ran dies at its own first one). Softmax's backward runs
-inside the attention's blocks (``cpu_attention.py``), so it is compiled without
+a child forked after a compiled loop ran dies at its own first one). The loops are
+vectorized 16 float32 lanes wide where the processor has AVX-512
+(``_allow_512_bit_vectors``). The softmax and its backward run
+inside the attention's blocks (``cpu_attention.py``), so they are compiled without
 ``prange``, for the calling thread, the GIL released; a function is compiled one of
 the two ways only, as Numba's disk cache keeps one build per function and types.
 The first call for each dtype compiles (a few seconds, then cached on disk beside
@@ -42,7 +45,15 @@ import threading
 from ..backend import xp
 from ..nn.functional import INV_SQRT_2PI, SQRT_HALF
 from .blocks import num_threads
-from .elementwise import ERFC_P, ERFC_T, PHI_NEAR, PHI_NEAR_EDGE, softmax_backward_inplace
+from .elementwise import (
+    ERFC_P,
+    ERFC_T,
+    PHI_NEAR,
+    PHI_NEAR_EDGE,
+    softmax_backward_inplace,
+    softmax_inplace,
+    softmax_shift,
+)
 from .openblas import limit_spinning
 
 INSTALLED = importlib.util.find_spec("numba") is not None  # imported at the first call
@@ -178,8 +189,9 @@ def _compiled(function):
 @functools.cache
 def _serial(function):
     """``function`` compiled to run on the calling thread, the GIL released: for one
-    block of ``blocks.each_block``, whose threads run the blocks side by side."""
-    return _numba().njit(nogil=True, fastmath=True, cache=True)(function)
+    block of ``blocks.each_block``, whose threads run the blocks side by side; a
+    division by 0 gives inf or nan, as NumPy's does (a row of nan stays nan)."""
+    return _numba().njit(nogil=True, fastmath=True, cache=True, error_model="numpy")(function)
 
 
 def _launch_with_threads(function, *arrays):
@@ -306,14 +318,47 @@ def layer_norm_backward(dout, xhat, rstd, weight, dskip):
     return dx, dgamma.sum(axis=0).astype(dout.dtype), dbeta.sum(axis=0).astype(dout.dtype)
 
 
-# -- softmax's backward, on one block of the attention's -----------------------------------
+# -- softmax and its backward, on one block of the attention's -----------------------------
+
+LOWEST_EXPONENT = F(-87.0)  # exp_nonpositive's domain ends here: exp(-87) = 1.6e-38, normal
 
 
 def takes_block(*arrays):
-    """Whether ``softmax_backward_block`` compiles for these arrays: compiled() says so,
-    and they are C-contiguous float32 or float64 of one dtype (it writes in place)."""
-    return (compiled() and arrays[0].dtype in (xp.float32, xp.float64)
+    """Whether ``softmax_block`` and ``softmax_backward_block`` compile for these
+    arrays: compiled() says so, and they are C-contiguous float32 or float64 (the
+    backward; the forward float32 alone, as its exp) of one dtype, not empty."""
+    return (compiled() and arrays[0].dtype in (xp.float32, xp.float64) and arrays[0].size > 0
             and all(a.dtype == arrays[0].dtype and a.flags.c_contiguous for a in arrays))
+
+
+def _softmax(S, shift):
+    """S <- exp(S - c) / sum exp(S - c), row by row, c the row's shift, in float32
+    (exp by ``exp_nonpositive``, its argument held at -87 or above)."""
+    R, N = S.shape
+    for r in range(R):
+        total = ZERO
+        for j in range(N):
+            e = exp_nonpositive(max(S[r, j] - shift[r, 0], LOWEST_EXPONENT))
+            S[r, j] = e
+            total += e
+        inverse = ONE / total
+        for j in range(N):
+            S[r, j] *= inverse
+
+
+def softmax_block(S):
+    """``elementwise.softmax_inplace`` for one block of the attention's (b, NH, Q, N)
+    scores, on the calling thread, written into S: compiled for float32 where
+    ``takes_block`` says so, else in NumPy. The shift c is NumPy's
+    (``softmax_shift``: its max over the block is vector code, the compiled loop's
+    over a row was not)."""
+    if not (takes_block(S) and S.dtype == xp.float32):
+        return softmax_inplace(S)
+    rows = S.reshape(-1, S.shape[-1])
+    shift = softmax_shift(rows)
+    shift = shift if shift.ndim else xp.full((len(rows), 1), shift, dtype=S.dtype)
+    _serial(_softmax)(rows, shift)
+    return S
 
 
 def _softmax_backward(A, dA):

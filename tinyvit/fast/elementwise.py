@@ -140,11 +140,11 @@ def gelu_tanh(x, y, dydx):
 # -- softmax ----------------------------------------------------------------------------
 
 
-def softmax_inplace(scores):
-    """Softmax over the last axis, computed in place in ``scores`` and returned.
+def softmax_shift(scores):
+    """The constant c of each row's softmax(s) = exp(s - c) / sum exp(s - c), which
+    any c leaves unchanged: one for the block, or one per row, (..., 1).
 
-    softmax(s) = exp(s - c) / sum exp(s - c) for any constant c per row. The
-    reference's c, the row's max, keeps every exp in (0, 1]; one c = max(s) over the
+    The reference's c, the row's max, keeps every exp in (0, 1]; one c = max(s) over the
     block is just as safe whenever all its scores lie within 80 of it (exp(-80) ~
     2e-35 is still a normal float32, so no row underflows to zeros), and one
     reduction over the block costs far less than one per short row. Otherwise the
@@ -152,9 +152,13 @@ def softmax_inplace(scores):
     """
     top = scores.max()
     if float(top - scores.min()) < 80.0:
-        scores -= top
-    else:
-        scores -= scores.max(axis=-1, keepdims=True)
+        return top
+    return scores.max(axis=-1, keepdims=True)
+
+
+def softmax_inplace(scores):
+    """Softmax over the last axis, computed in place in ``scores`` and returned."""
+    scores -= softmax_shift(scores)
     xp.exp(scores, out=scores)
     total = row_sum(scores)
     xp.divide(1.0, total, out=total)

@@ -339,7 +339,7 @@ def _print_start(config, trainer, batches, init_notes, memory):
                       f"step is slower than with --workers {cpu_cores()}")
     how = ", the step captured in a CUDA graph" if config.cuda_graph else ""
     if config.tier == "fast" and on_cpu() and cpu_numba.compiled():
-        how = ("; GELU, LayerNorm and softmax's backward compiled by Numba "
+        how = ("; GELU, LayerNorm and the softmax compiled by Numba "
                "(TINYVIT_NUMBA=0: in NumPy blocks)")
     if config.tier == "fast" and on_cpu() and mkl.enabled():
         how += "; Linear's products of 2^26 multiply-adds or more by MKL (TINYVIT_MKL=0: NumPy's)"
