@@ -362,10 +362,12 @@ def softmax_block(S):
 
 
 def _softmax_backward(A, dA):
-    """dA <- A (dA - sum_j dA_j A_j), row by row, the sum in float64."""
+    """dA <- A (dA - sum_j dA_j A_j), row by row, the sum in A's dtype (in float64,
+    converting every element, it took a fifth longer)."""
     R, N = A.shape
+    zero = A.dtype.type(0.0)
     for r in range(R):
-        total = 0.0
+        total = zero
         for j in range(N):
             total += dA[r, j] * A[r, j]
         for j in range(N):
