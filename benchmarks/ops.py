@@ -18,8 +18,9 @@ arrays, one NumPy operation after another, that the kernels replaced; two rows t
 reference tier's layer; rows "by NumPy's BLAS" time a Linear's product as NumPy does it,
 where the fast Linear's goes to MKL (``tinyvit/fast/mkl.py``), and the row "in NumPy
 blocks" the softmax as the blocks compute it, where the fast one is compiled
-(``tinyvit/fast/cpu_numba.py``). GELU's training forward computes y and y' where PyTorch's
-computes y alone; its row "forward + backward" times the work a training step does.
+(``tinyvit/fast/cpu_numba.py``; otherwise it times the row above's code again). GELU's
+training forward computes y and y' where PyTorch's computes y alone; its row "forward +
+backward" times the work a training step does.
 """
 
 import argparse
@@ -91,7 +92,7 @@ def ops(batch):
     size = 4 * M * Dm  # bytes of one (M, Dm) array
     table = []
 
-    gelu = cpu.GELU()
+    gelu, torch_gelu = cpu.GELU(), torch.nn.GELU()
     gelu_reference = layers.GELU()
 
     def gelu_train():
@@ -108,7 +109,7 @@ def ops(batch):
         ("GELU backward", gelu_backward(gelu, u, dy),
          lambda: torch.ops.aten.gelu_backward(tdy, tu), 3 * size, 0),
         ("GELU forward + backward, training", lambda: gelu_round_trip(gelu, u, dy),
-         lambda: torch_round_trip(torch.nn.GELU(), tu, tdy), 5 * size, 0),
+         lambda: torch_round_trip(torch_gelu, tu, tdy), 5 * size, 0),
         ("bias + GELU forward, eval", bias_gelu(gelu, u, bias),
          lambda: F.gelu(tu + tbias), 2 * size, 0),
     ]

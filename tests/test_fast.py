@@ -411,17 +411,20 @@ def test_tinyvit_numba_turns_the_compiled_kernels_off_and_refuses_other_values(m
 
 
 @pytest.mark.skipif(not cpu_numba.INSTALLED, reason="Numba is not installed")
-@pytest.mark.parametrize("user_features", [None, "+sse2"])
-def test_compiled_gelu_uses_512_bit_vectors_where_the_processor_has_avx512(tmp_path,
-                                                                          user_features):
+@pytest.mark.parametrize("user_features, decorated_first", [(None, False), ("+sse2", False),
+                                                            (None, True)])
+def test_compiled_gelu_uses_512_bit_vectors_where_the_processor_has_avx512(
+        tmp_path, user_features, decorated_first):
     """Compiled in a new process (nothing cached): zmm registers in the GELU's machine code
-    exactly where the processor has AVX-512 and the user did not set NUMBA_CPU_FEATURES,
-    which is then left as it was."""
+    exactly where the processor has AVX-512, the user did not set NUMBA_CPU_FEATURES and
+    no @njit came before tinyvit's first kernel; otherwise the features are left as they
+    were."""
     import os
     import subprocess
     import sys
     script = ("import numpy as np, numba\n"
-              "from numba.core.codegen import get_host_cpu_features\n"
+              + ("@numba.njit\ndef f(a):\n    return a\n" if decorated_first else "")
+              + "from numba.core.codegen import get_host_cpu_features\n"
               "from tinyvit.fast import cpu_numba\n"
               "cpu_numba.gelu(np.ones((4, 8), np.float32), None, train=False)\n"
               "kernel = cpu_numba._compiled(cpu_numba._gelu)\n"
@@ -435,11 +438,26 @@ def test_compiled_gelu_uses_512_bit_vectors_where_the_processor_has_avx512(tmp_p
     run = subprocess.run([sys.executable, "-c", script], env=environment, capture_output=True,
                          text=True, check=True)
     avx512, zmm, features = run.stdout.split()
-    if user_features:
-        assert (zmm, features) == ("False", user_features)
+    if user_features or decorated_first:
+        assert (zmm, features) == ("False", str(user_features))
     else:
         assert zmm == avx512
         assert features.endswith(",-prefer-256-bit") is (avx512 == "True")
+
+
+@pytest.mark.skipif(not cpu_numba.INSTALLED, reason="Numba is not installed")
+def test_numba_disable_jit_gives_the_numpy_blocks(monkeypatch):
+    """With Numba's compiler off its functions run as Python, where the kernels'
+    intrinsics cannot: the fast layers take the NumPy blocks, and set_compiled(True) says
+    why it cannot. A value Numba ignores (not a whole number) changes nothing."""
+    monkeypatch.setenv("NUMBA_DISABLE_JIT", "1")
+    assert not cpu_numba.compiled()
+    assert not cpu_numba.takes_block(np.ones((2, 3), np.float32))
+    with pytest.raises(ValueError, match=r"set_compiled\(True\) needs Numba's compiler, which "
+                                         r"NUMBA_DISABLE_JIT turns off \(it is '1'\)"):
+        cpu_numba.set_compiled(True)
+    monkeypatch.setenv("NUMBA_DISABLE_JIT", "false")
+    assert cpu_numba.compiled()
 
 
 def test_set_compiled_takes_true_false_or_none():

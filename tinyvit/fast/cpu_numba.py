@@ -64,8 +64,8 @@ _chosen = None  # set_compiled's choice, None: the environment's
 
 
 def compiled():
-    """Whether the kernels here run (Numba installed and not turned off)."""
-    if not INSTALLED:
+    """Whether the kernels here run (Numba installed, its compiler on, and not turned off)."""
+    if not INSTALLED or jit_disabled():
         return False
     if _chosen is not None:
         return _chosen
@@ -84,7 +84,20 @@ def set_compiled(on):
         raise ValueError(f"set_compiled: expected True, False or None, got {on!r}")
     if on and not INSTALLED:
         raise ImportError('set_compiled(True) needs Numba: pip install -e ".[numba]"')
+    if on and jit_disabled():
+        raise ValueError("set_compiled(True) needs Numba's compiler, which NUMBA_DISABLE_JIT "
+                         f"turns off (it is {os.environ['NUMBA_DISABLE_JIT']!r})")
     _chosen = on
+
+
+def jit_disabled():
+    """Whether ``NUMBA_DISABLE_JIT`` turns Numba's compiler off, read as Numba reads it
+    (a whole number, not 0; anything else is ignored): Numba then runs its functions as
+    Python, where these loops' intrinsics cannot run, so the NumPy blocks run instead."""
+    try:
+        return int(os.environ.get("NUMBA_DISABLE_JIT", "0")) != 0
+    except ValueError:
+        return False
 
 
 # -- exp in float32 ----------------------------------------------------------------------
@@ -169,14 +182,17 @@ def _allow_512_bit_vectors(numba):
     LLVM's tuning for these processors prefers 256-bit vectors ("prefer-256-bit", against
     the clock slowdown of the first AVX-512 chips), so a loop of 16 float32 lanes ran as two
     halves: turned off, the compiled GELU took about half the time (docs/performance.md).
-    Numba's processor features are one setting for the whole process, read when it
-    first compiles: so its own code compiled afterwards is built the same way, and where
-    something compiled earlier, or ``NUMBA_CPU_FEATURES``/``NUMBA_CPU_NAME`` set them,
-    they are left as they are."""
+    Numba's processor features are one setting for the whole process, fixed when its CPU
+    target is made, at the first ``@njit`` (anyone's): Numba code decorated afterwards is
+    built the same way. Where the target was made before (by the user's code or a library
+    imported earlier), or ``NUMBA_CPU_FEATURES``/``NUMBA_CPU_NAME`` set the features, they
+    are left as they are, and these loops run 256 bits wide."""
     from numba.core.codegen import get_host_cpu_features
+    from numba.core.registry import cpu_target
 
+    made = "_toplevel_target_context" in vars(cpu_target)  # its cached property, once made
     features = get_host_cpu_features()  # "+avx2,+avx512f,..." (or "-avx512f")
-    if numba.config.CPU_FEATURES is None and numba.config.CPU_NAME is None \
+    if not made and numba.config.CPU_FEATURES is None and numba.config.CPU_NAME is None \
             and "+avx512f" in features.split(","):
         numba.config.CPU_FEATURES = features + ",-prefer-256-bit"
 
