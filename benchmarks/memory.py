@@ -28,6 +28,7 @@ import json
 import resource
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 from machine import setup_backends, torch
 from runners import CONFIGS, SCRIPT, BaselineRunner, TinyvitRunner, make_runner
@@ -166,7 +167,11 @@ def measure_memory(framework, name, phase, args):
 
 def peak_memory(runner, name, args):
     """{phase: measure_memory's figure} of one runner on config ``name``; NOT_MEASURED
-    for the baseline."""
+    for the baseline. The two phases' subprocesses run side by side (each figure is its
+    own process's, and nothing is timed)."""
     if isinstance(runner, BaselineRunner):
         return NOT_MEASURED
-    return {phase: measure_memory(runner.name, name, phase, args) for phase in ("train", "infer")}
+    with ThreadPoolExecutor(2) as pool:
+        figures = {phase: pool.submit(measure_memory, runner.name, name, phase, args)
+                   for phase in ("train", "infer")}
+    return {phase: figure.result() for phase, figure in figures.items()}
