@@ -145,7 +145,7 @@ def ops(batch):
     attention = cpu.Attention(NH * Dh, NH, rng=np.random.default_rng(0))
     products = 2 * B * NH * N * N * Dh
     table += [
-        ("q k^T: 512 products (B x NH)", lambda: blocked_scores(q, k),
+        (f"q k^T: {B * NH} products (B x NH)", lambda: blocked_scores(q, k),
          lambda: tq @ tk.transpose(-2, -1), q.nbytes + k.nbytes + ssize, products),
         ("  before: one batched matmul", lambda: q @ np.ascontiguousarray(k.transpose(0, 1, 3, 2)),
          lambda: tq @ tk.transpose(-2, -1), q.nbytes + k.nbytes + ssize, products),
