@@ -6,6 +6,7 @@ fast kernels' own numerics: the float32 erf's and GELU's accuracy, the row block
 and threads every CPU kernel runs on, the one-max softmax, the CPU's dropout.
 """
 
+import functools
 import math
 
 import numpy as np
@@ -255,18 +256,20 @@ def layouts(a):
 def test_mkl_matmul_equals_numpys_in_every_layout_on_any_thread_count(threads, dtype,
                                                                       small_products_to_mkl):
     """One row, one of everything, more rows than threads; each operand in each layout;
-    on 1 and 3 threads."""
+    on 1 and 3 threads; with a bias added to every row."""
     rng = np.random.default_rng(0)
     for M, K, N in ((1, 7, 5), (1, 1, 1), (301, 64, 40)):
         a, b = (rng.standard_normal(s).astype(dtype) for s in ((M, K), (K, N)))
+        c = rng.standard_normal(N).astype(dtype) * 10
         for A in layouts(a):
             for B_ in layouts(b):
                 assert mkl.takes(A, B_)
-                for count in (1, 3):
+                for count, bias in ((1, None), (3, None), (3, c)):
                     threads(count)
-                    ours = mkl.matmul(A, B_)
+                    ours = mkl.matmul(A, B_, bias)
                     assert ours.dtype == dtype and ours.shape == (M, N)
-                    np.testing.assert_allclose(ours, A @ B_, rtol=TOLERANCE[dtype],
+                    theirs = A @ B_ if bias is None else A @ B_ + bias
+                    np.testing.assert_allclose(ours, theirs, rtol=TOLERANCE[dtype],
                                                atol=TOLERANCE[dtype])
 
 
@@ -294,6 +297,8 @@ def test_mkl_matmul_leaves_to_numpy_what_gemm_cannot_read(small_products_to_mkl)
     for A, B_ in cases:
         assert not mkl.takes(A, B_)
         np.testing.assert_array_equal(mkl.matmul(A, B_), A @ B_)
+        bias = np.arange(B_.shape[1]).astype((A @ B_).dtype)
+        np.testing.assert_array_equal(mkl.matmul(A, B_, bias), A @ B_ + bias)
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
@@ -653,6 +658,22 @@ def test_cpu_attention_with_dropout_equals_reference(cls, dtype):
     dout = dout[:, :1] if cls is layers.ClassAttention else dout
     for ours, theirs in zip(run(fast.accelerate(make()), x, dout), run(make(), x, dout)):
         assert rel_err(ours, theirs) <= TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.25])
+def test_cpu_attention_output_merges_its_heads_without_a_copy(dropout):
+    """Without attention dropout A v is written in the layout of the heads side by side,
+    so merge_heads is a view of it; with dropout, Ad v is a new array and merge_heads
+    copies it."""
+    layer = fast.accelerate(layers.Attention(8, 2, attn_dropout=dropout, rng=B.host_rng(0)))
+    q, k, v = layers.split_heads(layer.qkv.forward(randn(3, 9, 8).astype(np.float32)), 2)
+    contexts = []
+    for attend in (layer.attend, functools.partial(layers.Attention.attend, layer)):
+        layers.seed_dropouts([layer.attn_drop], 3)
+        contexts.append(attend(q, k, v))  # (B, NH, N, Dh)
+    ctx, reference = contexts
+    assert rel_err(ctx, reference) <= TOLERANCE[np.float32]
+    assert np.shares_memory(layers.merge_heads(ctx), ctx) is (dropout == 0.0)
 
 
 @pytest.mark.parametrize("spread", [10.0, 1000.0])

@@ -19,7 +19,8 @@ contract, and overrides only what it does faster. What makes each faster:
   softmax and A v one after the other while the scores are in the cache (and back),
   q scaled instead of the scores, the gradients of q, k and v written straight into dqkv;
 - ``Dropout``, ``AdamW``: the mask and the update in blocks;
-- ``Linear``: the bias gradient summed by a matrix-vector product (``Conv2d``: ``cpu_conv.py``).
+- ``Linear``: the bias added by MKL's product as it writes (``mkl.py``), its gradient summed
+  by a matrix-vector product (``Conv2d``: ``cpu_conv.py``).
 Where Numba is installed, GELU and the attention's softmax (float32), LayerNorm and the
 softmax's backward run ``cpu_numba.py``'s compiled loops (the blocks' formulas, Phi near 0
 and sums apart).
@@ -56,23 +57,21 @@ def rows_of(a):
 
 class Linear(FastKernel, layers.Linear):
     """The reference Linear with its products by MKL where ``mkl.enabled()`` (else
-    NumPy's), its bias gradient summed by one matrix-vector product, and ``project``:
-    its forward without the bias, for a kernel that adds the bias itself."""
+    NumPy's), the bias added inside MKL's product, its gradient summed by one
+    matrix-vector product, and ``project``: its forward with the bias it is given (none:
+    for a kernel that adds the bias itself)."""
 
     column_sum = staticmethod(bias_sum)
 
     def forward(self, x):
-        y = self.project(x)
-        if self.bias is not None:
-            y += self.bias.data
-        return y
+        return self.project(x, None if self.bias is None else self.bias.data)
 
-    def project(self, x):
-        """x W^T, (..., in) -> (..., out), cached as ``forward`` caches."""
+    def project(self, x, bias=None):
+        """x W^T (+ bias, where given), (..., in) -> (..., out), cached as ``forward`` caches."""
         self.check_input(x)
         x2 = x.reshape(-1, self.in_features)  # (M, in)
         self.cache = x2 if self.training else None
-        return product(x2, self.weight.data.T).reshape(*x.shape[:-1], self.out_features)
+        return product(x2, self.weight.data.T, bias).reshape(*x.shape[:-1], self.out_features)
 
     def backward(self, dout):
         """The reference's: dW = dy^T x, db = dy summed over rows, dx = dy W."""
@@ -84,9 +83,9 @@ class Linear(FastKernel, layers.Linear):
         return product(dout2, self.weight.data).reshape(*dout.shape[:-1], self.in_features)
 
 
-def product(a, b):
-    """a @ b, by MKL where it is enabled."""
-    return mkl.matmul(a, b) if mkl.enabled() else a @ b
+def product(a, b, bias=None):
+    """a @ b (+ bias on every row), by MKL where it is enabled."""
+    return (mkl.matmul if mkl.enabled() else mkl.numpy_matmul)(a, b, bias)
 
 
 class LayerNorm(FastKernel, layers.LayerNorm):

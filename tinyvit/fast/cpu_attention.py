@@ -21,7 +21,8 @@ class FastAttentionCore(FastKernel):
     after the other while the block's scores are in the cache, the blocks over the
     cores. q is scaled before the product (Q*Dh values, not the Q*N scores), k^T is
     copied per block into contiguous memory (the product runs faster on it), and the
-    backward writes dq, dk, dv straight into the qkv gradient's layout. Attention
+    backward writes dq, dk, dv straight into the qkv gradient's layout (and the forward
+    A v into the layout of the heads side by side). Attention
     dropout, where it is on, comes between the softmax and A v: the blocks then
     stop at the softmax, and the rest runs on the whole arrays.
     """
@@ -33,7 +34,8 @@ class FastAttentionCore(FastKernel):
         B, NH, Q, Dh = q.shape
         qs = xp.empty(q.shape, dtype=q.dtype)  # q / sqrt(Dh)
         A = xp.empty((B, NH, Q, k.shape[2]), dtype=q.dtype)
-        ctx = xp.empty(q.shape, dtype=q.dtype)
+        # ctx in the heads-side-by-side layout merge_heads wants: its reshape copies nothing
+        ctx = xp.empty((B, Q, NH, Dh), dtype=q.dtype).transpose(0, 2, 1, 3)  # (B, NH, Q, Dh)
         fused = not self.dropping()
 
         def scores(q, k, v, qs, A, ctx):  # one block of images

@@ -1,9 +1,9 @@
 """The fast CPU tier's Linear products by Intel MKL's gemm, where the ``mkl`` package
 is installed (``pip install -e ".[mkl]"``) and the processor is Intel's.
 
-A Linear's three products (x W^T forward, dy^T x and dy W backward) are most of a
-training step. On an Intel Xeon, NumPy's OpenBLAS ran config C's at 166-214 GFLOP/s and
-PyTorch's MKL at 229-270 (docs/performance.md). MKL is loaded from the
+A Linear's three products (x W^T forward, with its bias, dy^T x and dy W backward)
+are most of a training step. On an Intel Xeon, NumPy's OpenBLAS ran config C's at
+166-214 GFLOP/s and PyTorch's MKL at 229-270 (docs/performance.md). MKL is loaded from the
 ``mkl`` wheel by ``ctypes`` and asked for its sequential layer: one thread per call,
 no OpenMP runtime of its own (whose idle threads would spin on the cores, as
 OpenBLAS's did: ``openblas.py``), nothing to break in a forked child. ``matmul``
@@ -125,20 +125,35 @@ def takes(a, b):
             and layout(a) is not None and layout(b) is not None)
 
 
-def matmul(a, b):
-    """a @ b, (M, K) @ (K, N) -> (M, N), by MKL where ``takes`` says so (the rows of
-    the product shared out over ``blocks.num_threads()`` threads), else by NumPy."""
+def matmul(a, b, bias=None):
+    """a @ b, (M, K) @ (K, N) -> (M, N), plus ``bias`` (N,) on every row where given, by
+    MKL where ``takes`` says so (the rows of the product shared out over
+    ``blocks.num_threads()`` threads), else by NumPy. MKL's threads each write the bias
+    into their rows first and have gemm add the product to it (beta = 1), which saves
+    a pass over the output; where gemm splits K, the bias joins the first part's sum,
+    so the last bit can differ from adding it afterwards."""
     if not takes(a, b):
-        return a @ b
+        return numpy_matmul(a, b, bias)
     out = xp.empty((a.shape[0], b.shape[1]), dtype=a.dtype)
     gemm = _gemm(a.dtype)
     (trans_b, ldb), N, K = layout(b), b.shape[1], a.shape[1]
+    beta = 0.0 if bias is None else 1.0
 
-    def rows(a, out):  # one thread's share: out = a @ b
+    def rows(a, out):  # one thread's share: out = a @ b (+ bias)
         trans_a, lda = layout(a)
+        if bias is not None:
+            out[...] = bias
         gemm(ROW_MAJOR, trans_a, trans_b, len(a), N, K, 1.0, a.ctypes.data, lda,
-             b.ctypes.data, ldb, 0.0, out.ctypes.data, N)
+             b.ctypes.data, ldb, beta, out.ctypes.data, N)
 
     share = -(-len(a) // num_threads())  # rows per thread
     each_block(rows, a, out, block_bytes=share * max(a[:1].nbytes, out[:1].nbytes))
+    return out
+
+
+def numpy_matmul(a, b, bias=None):
+    """a @ b (+ bias on every row) by NumPy."""
+    out = a @ b
+    if bias is not None:
+        out += bias
     return out
