@@ -719,20 +719,21 @@ def test_softmax_block_is_the_formula_on_either_route(route, dtype, extremes):
                                                                 np.float64: 1e-15}[dtype])
 
 
+@pytest.mark.parametrize("scale", [1.0, 0.125])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_softmax_backward_block_is_the_formula_on_either_route(route, dtype):
-    """dS = A (dA - sum_j dA_j A_j) into dA: compiled (Numba) for contiguous float
+def test_softmax_backward_block_is_the_formula_on_either_route(route, dtype, scale):
+    """dS = scale A (dA - sum_j dA_j A_j) into dA: compiled (Numba) for contiguous float
     blocks, in NumPy for a strided one, each within rounding of the float64 formula."""
     rng = np.random.default_rng(0)
     A = elementwise.softmax_inplace(rng.standard_normal((3, 2, 5, 9)))
     dA = rng.standard_normal(A.shape)
-    expected = A * (dA - (dA * A).sum(-1, keepdims=True))
+    expected = scale * A * (dA - (dA * A).sum(-1, keepdims=True))
     tolerance = {np.float32: 1e-6, np.float64: 1e-15}[dtype]
     strided = np.zeros((3, 2, 5, 18), dtype=dtype)[..., ::2]
     for out in (dA.astype(dtype), strided):
         np.copyto(out, dA)
         assert cpu_numba.takes_block(A.astype(dtype), out) is (route and out is not strided)
-        result = cpu_numba.softmax_backward_block(A.astype(dtype), out)
+        result = cpu_numba.softmax_backward_block(A.astype(dtype), out, scale)
         assert result is out and out.dtype == dtype
         np.testing.assert_allclose(out, expected, rtol=0, atol=tolerance)
 

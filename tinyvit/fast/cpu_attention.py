@@ -17,14 +17,16 @@ ATTENTION_BLOCK_BYTES = 1 << 19  # scores of a block of images: 512 KiB, in L2 w
 
 class FastAttentionCore(FastKernel):
     """``attend`` and the backward of the reference attention, a block of images at
-    a time: the scores S = (q / sqrt(Dh)) k^T, their softmax in place and A v one
+    a time: the scores S = q (k^T / sqrt(Dh)), their softmax in place and A v one
     after the other while the block's scores are in the cache, the blocks over the
-    cores. q is scaled before the product (Q*Dh values, not the Q*N scores), k^T is
-    copied per block into contiguous memory (the product runs faster on it), and the
-    backward writes dq, dk, dv straight into the qkv gradient's layout (and the forward
-    A v into the layout of the heads side by side). Attention
-    dropout, where it is on, comes between the softmax and A v: the blocks then
-    stop at the softmax, and the rest runs on the whole arrays.
+    cores. The scale 1/sqrt(Dh) rides on copies made anyway: k^T is copied per block
+    into contiguous memory (the product runs faster on it) and scaled in the same
+    pass, and the backward's softmax step scales dS as it writes it, so that
+    dq = dS k and dk = dS^T q need no pass of their own. The forward writes A v in
+    the layout of the heads side by side (``merge_heads`` then copies nothing), the
+    backward dq, dk, dv straight into the qkv gradient's layout. Attention dropout,
+    where it is on, comes between the softmax and A v: the blocks then stop at the
+    softmax, and the rest runs on the whole arrays.
     """
 
     def dropping(self):
@@ -32,47 +34,47 @@ class FastAttentionCore(FastKernel):
 
     def attend(self, q, k, v):
         B, NH, Q, Dh = q.shape
-        qs = xp.empty(q.shape, dtype=q.dtype)  # q / sqrt(Dh)
         A = xp.empty((B, NH, Q, k.shape[2]), dtype=q.dtype)
         # ctx in the heads-side-by-side layout merge_heads wants: its reshape copies nothing
         ctx = xp.empty((B, Q, NH, Dh), dtype=q.dtype).transpose(0, 2, 1, 3)  # (B, NH, Q, Dh)
         fused = not self.dropping()
 
-        def scores(q, k, v, qs, A, ctx):  # one block of images
-            xp.multiply(q, self.scale, out=qs)
-            xp.matmul(qs, xp.ascontiguousarray(k.transpose(0, 1, 3, 2)), out=A)
+        def scores(q, k, v, A, ctx):  # one block of images
+            b, _, N, _ = k.shape
+            kT = xp.empty((b, NH, Dh, N), dtype=k.dtype)  # k^T / sqrt(Dh), contiguous
+            xp.multiply(k.transpose(0, 1, 3, 2), self.scale, out=kT)
+            xp.matmul(q, kT, out=A)
             cpu_numba.softmax_block(A)
             if fused:
                 xp.matmul(A, v, out=ctx)
 
-        each_block(scores, q, k, v, qs, A, ctx, block_bytes=ATTENTION_BLOCK_BYTES)
+        each_block(scores, q, k, v, A, ctx, block_bytes=ATTENTION_BLOCK_BYTES)
         self.attn = A if self.keep_attn else None
         Ad = A if fused else self.attn_drop.forward(A)
-        self.cache = (qs, k, v, A, Ad) if self.training else None
+        self.cache = (q, k, v, A, Ad) if self.training else None
         return ctx if fused else Ad @ v  # (B, NH, Q, Dh)
 
     def attend_backward_into(self, cache, dctx, dq, dk, dv):
         """dq, dk, dv (each (B, NH, ., Dh), views of dqkv) from dctx (B, NH, Q, Dh)."""
-        qs, k, v, A, Ad = cache
+        q, k, v, A, Ad = cache
         if Ad is A:
-            each_block(self.block_backward, dctx, qs, k, v, A, dq, dk, dv,
+            each_block(self.block_backward, dctx, q, k, v, A, dq, dk, dv,
                        block_bytes=ATTENTION_BLOCK_BYTES)
             return
         xp.matmul(Ad.transpose(0, 1, 3, 2), dctx, out=dv)
         dS = self.attn_drop.backward(dctx @ v.transpose(0, 1, 3, 2))  # (B, NH, Q, N)
-        each_block(self.block_backward, dctx, qs, k, v, A, dq, dk, dv, dS,
+        each_block(self.block_backward, dctx, q, k, v, A, dq, dk, dv, dS,
                    block_bytes=ATTENTION_BLOCK_BYTES)
 
-    def block_backward(self, dctx, qs, k, v, A, dq, dk, dv, dS=None):
+    def block_backward(self, dctx, q, k, v, A, dq, dk, dv, dS=None):
         """One block of images: with no dropout dS from dctx and A (and dv); then
-        softmax's backward in place and dq, dk."""
+        softmax's backward in place, times 1/sqrt(Dh), and dq, dk."""
         if dS is None:
             xp.matmul(A.transpose(0, 1, 3, 2), dctx, out=dv)
             dS = dctx @ v.transpose(0, 1, 3, 2)  # (b, NH, Q, N)
-        cpu_numba.softmax_backward_block(A, dS)
+        cpu_numba.softmax_backward_block(A, dS, self.scale)  # dS / sqrt(Dh)
         xp.matmul(dS, k, out=dq)
-        dq *= self.scale
-        xp.matmul(dS.transpose(0, 1, 3, 2), qs, out=dk)  # qs = q / sqrt(Dh) already
+        xp.matmul(dS.transpose(0, 1, 3, 2), q, out=dk)
 
     def backward(self, dout):
         dctx = self.proj.backward(self.proj_drop.backward(dout))  # (B, Q, D)

@@ -377,9 +377,9 @@ def softmax_block(S):
     return S
 
 
-def _softmax_backward(A, dA):
-    """dA <- A (dA - sum_j dA_j A_j), row by row, the sum in A's dtype (in float64,
-    converting every element, it took a fifth longer)."""
+def _softmax_backward(A, dA, scale):
+    """dA <- scale A (dA - sum_j dA_j A_j), row by row, the sum in A's dtype (in
+    float64, converting every element, it took a fifth longer)."""
     R, N = A.shape
     zero = A.dtype.type(0.0)
     for r in range(R):
@@ -387,15 +387,15 @@ def _softmax_backward(A, dA):
         for j in range(N):
             total += dA[r, j] * A[r, j]
         for j in range(N):
-            dA[r, j] = A[r, j] * (dA[r, j] - total)
+            dA[r, j] = scale * A[r, j] * (dA[r, j] - total)
 
 
-def softmax_backward_block(A, dA):
+def softmax_backward_block(A, dA, scale=1.0):
     """``elementwise.softmax_backward_inplace`` for one block of the attention's
-    (b, NH, Q, N) arrays, on the calling thread, dS written into dA: compiled where
-    ``takes_block`` says so, else in NumPy."""
+    (b, NH, Q, N) arrays, on the calling thread, dS (times ``scale``) written into dA:
+    compiled where ``takes_block`` says so, else in NumPy."""
     if not takes_block(A, dA):
-        return softmax_backward_inplace(A, dA)
+        return softmax_backward_inplace(A, dA, scale)
     N = A.shape[-1]
-    _serial(_softmax_backward)(A.reshape(-1, N), dA.reshape(-1, N))
+    _serial(_softmax_backward)(A.reshape(-1, N), dA.reshape(-1, N), A.dtype.type(scale))
     return dA

@@ -166,9 +166,11 @@ def softmax_inplace(scores):
     return scores
 
 
-def softmax_backward_inplace(A, dA):
-    """dS = A * (dA - sum_j dA_j A_j) over the last axis, written into dA."""
+def softmax_backward_inplace(A, dA, scale=1.0):
+    """dS = scale * A * (dA - sum_j dA_j A_j) over the last axis, written into dA."""
     dA -= row_sum(dA, A)
     dA *= A
+    if scale != 1.0:
+        dA *= scale
     return dA
 
