@@ -130,8 +130,8 @@ def matmul(a, b, bias=None):
     MKL where ``takes`` says so (the rows of the product shared out over
     ``blocks.num_threads()`` threads), else by NumPy. MKL's threads each write the bias
     into their rows first and have gemm add the product to it (beta = 1), which saves
-    a pass over the output; where gemm splits K, the bias joins the first part's sum,
-    so the last bit can differ from adding it afterwards."""
+    a pass over the output; the sums may then round differently in their last bit from
+    adding the bias afterwards."""
     if not takes(a, b):
         return numpy_matmul(a, b, bias)
     out = xp.empty((a.shape[0], b.shape[1]), dtype=a.dtype)
