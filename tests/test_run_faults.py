@@ -213,12 +213,17 @@ def test_the_first_lines_state_the_step_memory(stripes, tmp_path, capsys, monkey
     assert "step memory: about 4.3 MB of 24.0 GB available" in capsys.readouterr().out.splitlines()
 
 
+@pytest.mark.parametrize("attn_dropout", [0.0, 0.1])
+@pytest.mark.parametrize("tier", ["fast", "reference"])
 @pytest.mark.parametrize("model, overrides", [("mnist", {}), ("mnist", {"image_size": 56}),
                                               ("mnist_hybrid", {})])
-def test_the_step_memory_estimate_is_above_a_measured_step_within_twice_it(model, overrides):
+def test_the_step_memory_estimate_is_above_a_measured_step_within_twice_it(model, overrides,
+                                                                           tier, attn_dropout):
     """The peak of NumPy's allocations in a float32 training step (tracemalloc sees them)
-    against the estimate, less the parameters' part (allocated before the step)."""
-    config = TrainConfig(model=model, model_overrides=overrides, batch_size=64)
+    against the estimate, less the parameters' part (allocated before the step), on either
+    tier, with attention dropout and without."""
+    config = TrainConfig(model=model, model_overrides={**overrides, "attn_dropout": attn_dropout},
+                         batch_size=64, tier=tier)
     vit = config.model_config()
     with default_dtype("float32"):
         trainer = Trainer(config, ViT(vit, seed=0))

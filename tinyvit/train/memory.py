@@ -6,8 +6,9 @@ A training step holds, per image, what each layer's forward caches for its
 backward (shape legend: N tokens, D embed_dim, M the MLP's hidden width, H heads):
   - a block: about 12 N D (the LayerNorms' inputs and outputs, q, k, v, the
     heads' context, the projection, the residuals), 3 N M (the MLP's first
-    Linear, GELU's input and output) and 3 H N^2 (the attention scores, their
-    softmax and its dropout mask);
+    Linear, GELU's input and output) and 2 H N^2 (the attention's softmax, and
+    the scores the backward makes), 3 H N^2 with attention dropout (its output
+    and its mask too);
   - a hybrid's stem: per convolution its unfolded input (C_in k^2 values per
     output position) and three maps of its output (the convolution, the norm,
     the activation);
@@ -29,7 +30,7 @@ def step_bytes(model, batch_size, eval_batch_size, itemsize=4):
     n = model.num_patches + 1
     d, m, h = model.embed_dim, int(model.mlp_ratio * model.embed_dim), model.num_heads
     image = model.in_channels * model.image_size ** 2
-    block = 12 * n * d + 3 * n * m + 3 * h * n * n
+    block = 12 * n * d + 3 * n * m + (3 if model.attn_dropout else 2) * h * n * n
     stem, widest = 0, max(n * m, h * n * n)
     channels, side = model.in_channels, model.image_size
     for out_channels, kernel, stride in model.stem:
