@@ -360,7 +360,7 @@ def test_each_block_calls_every_row_once_in_block_order(threads):
 
     index, out = np.arange(1000), np.empty(1000, dtype=int)
     results = blocks.each_block(kernel, index, out, block_bytes=8 * 64)  # 64 rows at most
-    sizes = [62, 63] * 8  # 16 blocks
+    sizes = [62, 63] * 8  # 16 blocks: 1000 rows in blocks of 64 at most
     assert results == [(sum(sizes[:i]), size) for i, size in enumerate(sizes)]
     assert (seen == 1).all()
     np.testing.assert_array_equal(out, 2 * np.arange(1000))
@@ -368,14 +368,28 @@ def test_each_block_calls_every_row_once_in_block_order(threads):
 
 @pytest.mark.parametrize("rows, row_bytes, block_bytes, sizes", [
     (128, 4 * 17 * 17 * 4, 1 << 19, [64, 64]),  # config A's scores: 111 a block at most
-    (128, 3 * 65 * 65 * 4, 1 << 19, ([9] * 6 + [10]) * 2),  # C's: 10 at most, 13 -> 14
+    (128, 3 * 65 * 65 * 4, 1 << 19, [9] + [10] * 5 + [9] + [10] * 6),  # C's: 10 at most
     (1000, 8, 8 * 1000, [1000]), (3, 8, 8, [1, 1, 1]), (0, 8, 8, [])])
-def test_row_blocks_come_in_pairs_of_sizes_within_one_row(rows, row_bytes, block_bytes, sizes):
-    """As many blocks as the bound needs, rounded up to an even count (where there are
-    rows enough), in order, their sizes within one row of each other."""
+def test_row_blocks_are_as_few_as_the_bound_allows_and_within_one_row(rows, row_bytes,
+                                                                     block_bytes, sizes):
+    """As many blocks as the bound needs, in order, their sizes within one row of each other."""
     found = blocks.row_blocks(rows, row_bytes, block_bytes)
     assert [b.start for b in found] == [sum(sizes[:i]) for i in range(len(sizes))]
     assert [b.stop - b.start for b in found] == sizes
+
+
+@needs_mkl
+@pytest.mark.parametrize("count", [2, 3, 5])
+def test_mkl_matmul_gives_each_thread_one_equal_share(threads, count, small_products_to_mkl,
+                                                      monkeypatch):
+    """The product's rows in ``count`` shares of sizes within one row, one per thread."""
+    threads(count)
+    shares = []
+    monkeypatch.setattr(mkl, "each_block", lambda kernel, a, out, block_bytes:
+                        shares.extend(b.stop - b.start for b in blocks.row_blocks(
+                            len(a), max(a[:1].nbytes, out[:1].nbytes), block_bytes)))
+    mkl.matmul(np.ones((1000, 64), dtype=np.float32), np.ones((64, 64), dtype=np.float32))
+    assert len(shares) == count and max(shares) - min(shares) <= 1
 
 
 def test_a_kernel_gives_the_same_bits_on_any_thread_count_and_block_size(threads):

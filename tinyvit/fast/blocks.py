@@ -105,12 +105,11 @@ if hasattr(os, "register_at_fork"):
 
 def row_blocks(rows, row_bytes, block_bytes=BLOCK_BYTES):
     """Slices of ``rows`` rows of ``row_bytes`` bytes each, at most about ``block_bytes``
-    each (at least one row): as many as that needs, rounded up to an even count where
-    there are more than one, of sizes within one row of each other, so that two threads
-    (or any count that divides theirs) get the same share. (128 images in blocks of at
-    most 111 were 111 and 17: one thread did six sevenths of the work.)"""
+    each (at least one row): as many as that needs, of sizes within one row of each
+    other, so that threads given the same number of blocks get the same rows (128
+    images in blocks of at most 111 were 111 and 17: one thread did six sevenths of
+    the work)."""
     count = -(-rows // max(1, block_bytes // max(1, row_bytes)))  # blocks of at most that
-    count = min(rows, count + count % 2) if count > 1 else count
     bounds = [rows * i // count for i in range(count + 1)] if count else []
     return [slice(start, stop) for start, stop in zip(bounds, bounds[1:])]
 
