@@ -8,6 +8,8 @@ and threads every CPU kernel runs on, the one-max softmax, the CPU's dropout.
 
 import functools
 import math
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -364,6 +366,49 @@ def test_each_block_calls_every_row_once_in_block_order(threads):
     assert results == [(sum(sizes[:i]), size) for i, size in enumerate(sizes)]
     assert (seen == 1).all()
     np.testing.assert_array_equal(out, 2 * np.arange(1000))
+
+
+def test_each_block_does_not_wait_for_a_thread_that_has_not_started(threads):
+    """The pool's thread held busy: the calling thread claims every block itself and
+    returns, where blocks dealt out in advance would wait for the busy thread."""
+    threads(2)
+    held, ran_on = threading.Event(), []
+    pool = blocks._get_pool(1)
+    for _ in range(blocks._pool_size):  # every thread of the pool (an earlier test's size), busy
+        pool.submit(held.wait, 10)
+    release = threading.Timer(2.0, held.set)  # so that blocks dealt out would end
+    release.start()
+    try:
+        out = blocks.each_block(lambda x: ran_on.append(threading.get_ident()) or len(x),
+                                np.zeros(800), block_bytes=8 * 100)
+    finally:
+        held.set()
+        release.cancel()
+    assert out == [100] * 8
+    assert ran_on == [threading.get_ident()] * 8
+
+
+def test_each_block_raises_a_blocks_error_after_the_begun_blocks_end(threads):
+    """Block 2 raises: the caller gets its error once no block is running, and the
+    blocks claimed after the error are skipped."""
+    threads(2)
+    running, calls = [0], []
+    lock = threading.Lock()
+
+    def kernel(index):
+        with lock:
+            running[0] += 1
+        calls.append(int(index[0]))
+        time.sleep(0.01)
+        with lock:
+            running[0] -= 1
+        if index[0] == 20:
+            raise ValueError("block 2")
+
+    with pytest.raises(ValueError, match="block 2"):
+        blocks.each_block(kernel, np.arange(100), block_bytes=8 * 10)
+    assert running[0] == 0
+    assert 20 in calls and len(calls) < 10  # the blocks claimed after the error: skipped
 
 
 @pytest.mark.parametrize("rows, row_bytes, block_bytes, sizes", [

@@ -17,6 +17,10 @@ writes its outputs about once:
 The blocks are shared out over a pool of threads, one per core: NumPy's ufuncs
 and BLAS calls release the GIL, so the threads run at the same time (and OpenBLAS's
 own threads, idle between products, are told not to hold the cores: ``openblas.py``).
+Each thread claims the next block not yet taken until none is left, the calling
+thread from the start, the pool's as they wake: a thread that wakes late (a sleeping
+thread took 0.2-0.3 ms to start on a 2-core Xeon) or runs slower takes fewer blocks,
+and no thread waits for a share given in advance to one still asleep.
 A kernel writes its results into the blocks of preallocated outputs (``out=``,
 ``+=``); what it returns is collected in block order (a partial sum per block, say), so
 that a sum over blocks adds up in the same order whatever the thread count.
@@ -29,6 +33,7 @@ machine's cores (``tinyvit.train.distributed``). A process forked from one that
 has started the pool starts a pool of its own when it first needs one.
 """
 
+import itertools
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -130,20 +135,48 @@ def each_block(kernel, *arrays, block_bytes=BLOCK_BYTES):
     threads = 1 if getattr(_inside, "busy", False) else min(num_threads(), len(blocks))
     if threads <= 1:
         return [kernel(*(a[rows] for a in arrays)) for rows in blocks]
-    share = -(-len(blocks) // threads)  # consecutive blocks per thread
-    groups = [blocks[start:start + share] for start in range(0, len(blocks), share)]
-    pool = _get_pool(len(groups) - 1)
-    futures = [pool.submit(_run_group, kernel, arrays, group) for group in groups[1:]]
-    results = _run_group(kernel, arrays, groups[0])
-    for future in futures:
-        results += future.result()
-    return results
+    claims = _Claims(kernel, arrays, blocks)
+    pool = _get_pool(threads - 1)
+    for _ in range(threads - 1):
+        pool.submit(claims.run)
+    claims.run()  # the calling thread starts at once; the others join as they wake
+    return claims.results()
 
 
-def _run_group(kernel, arrays, group):
-    """The calls of one thread's blocks (an ``each_block`` inside them runs serially)."""
-    outer, _inside.busy = getattr(_inside, "busy", False), True
-    try:
-        return [kernel(*(a[rows] for a in arrays)) for rows in group]
-    finally:
-        _inside.busy = outer
+class _Claims:
+    """The blocks of one ``each_block`` call, each claimed by the first thread to ask:
+    a thread that wakes late, or runs slower, takes fewer blocks, and none waits for a
+    share it was given in advance. ``next`` on an ``itertools.count`` and the list's
+    item assignment each hold the GIL, so no two threads take the same block; a block's
+    result lands at its index, so the order does not depend on which thread ran it."""
+
+    def __init__(self, kernel, arrays, blocks):
+        self.kernel, self.arrays, self.blocks = kernel, arrays, blocks
+        self.next_block, self.finished = itertools.count(), itertools.count(1)
+        self.outcomes = [None] * len(blocks)
+        self.failed = None  # the first exception a block raised
+        self.all_finished = threading.Event()
+
+    def run(self):
+        outer, _inside.busy = getattr(_inside, "busy", False), True
+        try:
+            while (i := next(self.next_block)) < len(self.blocks):
+                if self.failed is None:  # after a failure the blocks left are only counted
+                    try:
+                        rows = self.blocks[i]
+                        self.outcomes[i] = self.kernel(*(a[rows] for a in self.arrays))
+                    except BaseException as error:  # re-raised by results(), in the caller
+                        self.failed = error if self.failed is None else self.failed
+                if next(self.finished) == len(self.blocks):
+                    self.all_finished.set()
+        finally:
+            _inside.busy = outer
+
+    def results(self):
+        """What the blocks' calls returned, in block order, once all have finished; the
+        first exception a block raised, if one did (the blocks not yet begun then are
+        skipped)."""
+        self.all_finished.wait()
+        if self.failed is not None:
+            raise self.failed
+        return self.outcomes
