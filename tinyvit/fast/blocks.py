@@ -177,6 +177,7 @@ class _Claims:
         first exception a block raised, if one did (the blocks not yet begun then are
         skipped)."""
         self.all_finished.wait()
+        self.kernel = self.arrays = None  # a thread waking now finds no block, holds no array
         if self.failed is not None:
             raise self.failed
         return self.outcomes
