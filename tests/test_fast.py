@@ -411,6 +411,74 @@ def test_each_block_raises_a_blocks_error_after_the_begun_blocks_end(threads):
     assert 20 in calls and len(calls) < 10  # the blocks claimed after the error: skipped
 
 
+def test_each_block_lets_go_of_the_arrays_of_a_call_that_raised(threads):
+    """No reference cycle through the error: the array is freed when the caller drops
+    the exception, without the cyclic garbage collector."""
+    import gc
+    import weakref
+    threads(2)
+    x = np.ones(100_000)
+    alive = weakref.ref(x)
+
+    def kernel(block):
+        raise ValueError("bad block")
+
+    gc.disable()
+    try:
+        with pytest.raises(ValueError, match="bad block"):
+            blocks.each_block(kernel, x, block_bytes=8 * 1000)
+        del x
+        assert alive() is None
+    finally:
+        gc.enable()
+
+
+def test_an_interrupt_reaches_the_caller_after_the_begun_blocks_end(threads):
+    """Ctrl-C (SIGALRM calling Python's default SIGINT handler) while the caller waits
+    for the pool's thread: the KeyboardInterrupt comes once that thread's block has
+    written all its rows."""
+    import signal
+    threads(2)
+    caller, pool_block_began = threading.get_ident(), threading.Event()
+    x = np.zeros(200)
+
+    def kernel(block):
+        if threading.get_ident() == caller:
+            pool_block_began.wait(5)  # so that the pool's thread holds the other block
+            return
+        pool_block_began.set()
+        time.sleep(0.3)
+        block[...] = 1.0
+
+    previous = signal.signal(signal.SIGALRM, signal.default_int_handler)
+    signal.setitimer(signal.ITIMER_REAL, 0.15)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            blocks.each_block(kernel, x, block_bytes=8 * 100)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert pool_block_began.is_set()
+    assert np.count_nonzero(x) == 100  # the pool's block, written whole; the caller's writes none
+    assert len(np.unique(x[:100])) == len(np.unique(x[100:])) == 1
+
+
+def test_each_block_runs_every_block_itself_when_the_pool_refuses_work(threads, monkeypatch):
+    """A pool shut down under the call (resized by another thread, or at exit): the
+    calling thread claims every block."""
+    class ShutDown:
+        def submit(self, *args):
+            raise RuntimeError("cannot schedule new futures after shutdown")
+
+    threads(3)
+    monkeypatch.setattr(blocks, "_get_pool", lambda workers: ShutDown())
+    ran_on = []
+    out = blocks.each_block(lambda x: ran_on.append(threading.get_ident()) or len(x),
+                            np.zeros(800), block_bytes=8 * 100)
+    assert out == [100] * 8
+    assert ran_on == [threading.get_ident()] * 8
+
+
 @pytest.mark.parametrize("rows, row_bytes, block_bytes, sizes", [
     (128, 4 * 17 * 17 * 4, 1 << 19, [64, 64]),  # config A's scores: 111 a block at most
     (128, 3 * 65 * 65 * 4, 1 << 19, [9] + [10] * 5 + [9] + [10] * 6),  # C's: 10 at most

@@ -123,7 +123,10 @@ def each_block(kernel, *arrays, block_bytes=BLOCK_BYTES):
     """``kernel(a[rows], b[rows], ...)`` for every block of rows (the first axis) of the
     arrays, spread over ``num_threads()`` threads; returns what each call returned, in
     block order. The arrays must share their first axis; a block holds about
-    ``block_bytes`` of the widest one.
+    ``block_bytes`` of the widest one. If a call raises, the blocks not yet begun are
+    skipped (their rows of the outputs stay unwritten) and the first exception raised
+    (the first in time, where threads run blocks side by side) is raised here, once no
+    block is running; so is a KeyboardInterrupt that comes while this waits for them.
     """
     rows = len(arrays[0])
     for a in arrays[1:]:
@@ -138,7 +141,10 @@ def each_block(kernel, *arrays, block_bytes=BLOCK_BYTES):
     claims = _Claims(kernel, arrays, blocks)
     pool = _get_pool(threads - 1)
     for _ in range(threads - 1):
-        pool.submit(claims.run)
+        try:
+            pool.submit(claims.run)
+        except RuntimeError:  # the pool shut down (resized by another thread, or at exit)
+            break  # the calling thread claims the blocks no other thread takes
     claims.run()  # the calling thread starts at once; the others join as they wake
     return claims.results()
 
@@ -146,9 +152,9 @@ def each_block(kernel, *arrays, block_bytes=BLOCK_BYTES):
 class _Claims:
     """The blocks of one ``each_block`` call, each claimed by the first thread to ask:
     a thread that wakes late, or runs slower, takes fewer blocks, and none waits for a
-    share it was given in advance. ``next`` on an ``itertools.count`` and the list's
-    item assignment each hold the GIL, so no two threads take the same block; a block's
-    result lands at its index, so the order does not depend on which thread ran it."""
+    share it was given in advance. ``next`` on an ``itertools.count`` is one step under
+    the GIL, so no two threads take the same block; a block's result lands at its
+    index, so the order does not depend on which thread ran it."""
 
     def __init__(self, kernel, arrays, blocks):
         self.kernel, self.arrays, self.blocks = kernel, arrays, blocks
@@ -166,18 +172,30 @@ class _Claims:
                         rows = self.blocks[i]
                         self.outcomes[i] = self.kernel(*(a[rows] for a in self.arrays))
                     except BaseException as error:  # re-raised by results(), in the caller
-                        self.failed = error if self.failed is None else self.failed
+                        self.fail(error)
                 if next(self.finished) == len(self.blocks):
                     self.all_finished.set()
         finally:
             _inside.busy = outer
 
+    def fail(self, error):
+        self.failed = error if self.failed is None else self.failed
+
     def results(self):
         """What the blocks' calls returned, in block order, once all have finished; the
-        first exception a block raised, if one did (the blocks not yet begun then are
-        skipped)."""
-        self.all_finished.wait()
-        self.kernel = self.arrays = None  # a thread waking now finds no block, holds no array
-        if self.failed is not None:
-            raise self.failed
-        return self.outcomes
+        first exception raised, if one was. An interrupt (Ctrl-C) while waiting stops
+        the blocks not yet begun, and is raised once the begun ones end."""
+        while not self.all_finished.is_set():
+            try:
+                self.all_finished.wait()
+            except BaseException as interrupt:
+                self.fail(interrupt)
+        outcomes, error = self.outcomes, self.failed
+        # a thread waking now finds no block and holds nothing of this call's
+        self.kernel = self.arrays = self.outcomes = self.failed = None
+        if error is None:
+            return outcomes
+        try:
+            raise error
+        finally:
+            error = None  # the traceback holds this frame: no cycle back to the exception
