@@ -19,8 +19,8 @@ and BLAS calls release the GIL, so the threads run at the same time (and OpenBLA
 own threads, idle between products, are told not to hold the cores: ``openblas.py``).
 Each thread claims the next block not yet taken until none is left, the calling
 thread from the start, the pool's as they wake: a thread that wakes late (a sleeping
-thread took 0.2-0.3 ms to start on a 2-core Xeon) or runs slower takes fewer blocks,
-and no thread waits for a share given in advance to one still asleep.
+thread can take a large part of a millisecond: docs/performance.md) or runs slower takes
+fewer blocks, and no thread waits for a share given in advance to one still asleep.
 A kernel writes its results into the blocks of preallocated outputs (``out=``,
 ``+=``); what it returns is collected in block order (a partial sum per block, say), so
 that a sum over blocks adds up in the same order whatever the thread count.
