@@ -200,7 +200,8 @@ def test_an_image_size_beyond_the_machines_memory_is_refused_before_anything_is_
     err = capsys.readouterr().err
     assert re.fullmatch(r"train_mnist.py: error: a step of this run needs about [\d,]+\.\d GB, "
                         r"more than the 24.0 GB this machine has available \(image size 7000, "
-                        r"1000001 tokens, batch 32\): lower --image-size or --batch-size\n",
+                        r"patch size 7, 1000001 tokens, batch 32\): lower --image-size or "
+                        r"--batch-size, or raise --patch-size\n",
                         err), err
     assert not (tmp_path / "run").exists()
 

@@ -84,8 +84,9 @@ def check_memory(model, config, itemsize=4):
     if free and needed > free:
         raise RunRefused(
             f"a step of this run needs about {_size(needed)}, more than the {_size(free)} this "
-            f"machine has available (image size {model.image_size}, {model.num_patches + 1} "
-            f"tokens, batch {config.batch_size}): lower --image-size or --batch-size")
+            f"machine has available (image size {model.image_size}, patch size "
+            f"{model.patch_size}, {model.num_patches + 1} tokens, batch {config.batch_size}): "
+            f"lower --image-size or --batch-size, or raise --patch-size")
     return line
 
 
