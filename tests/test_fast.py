@@ -368,24 +368,31 @@ def test_each_block_calls_every_row_once_in_block_order(threads):
     np.testing.assert_array_equal(out, 2 * np.arange(1000))
 
 
+def threads_of_eight_blocks():
+    """each_block over 8 blocks of 100 rows: the thread that ran each block, in the
+    order the blocks ran (the results checked on the way)."""
+    ran_on = []
+    out = blocks.each_block(lambda x: ran_on.append(threading.get_ident()) or len(x),
+                            np.zeros(800), block_bytes=8 * 100)
+    assert out == [100] * 8
+    return ran_on
+
+
 def test_each_block_does_not_wait_for_a_thread_that_has_not_started(threads):
     """The pool's thread held busy: the calling thread claims every block itself and
     returns, where blocks dealt out in advance would wait for the busy thread."""
     threads(2)
-    held, ran_on = threading.Event(), []
+    held = threading.Event()
     pool = blocks._get_pool(1)
     for _ in range(blocks._pool_size):  # every thread of the pool (an earlier test's size), busy
         pool.submit(held.wait, 10)
     release = threading.Timer(2.0, held.set)  # so that blocks dealt out would end
     release.start()
     try:
-        out = blocks.each_block(lambda x: ran_on.append(threading.get_ident()) or len(x),
-                                np.zeros(800), block_bytes=8 * 100)
+        assert threads_of_eight_blocks() == [threading.get_ident()] * 8
     finally:
         held.set()
         release.cancel()
-    assert out == [100] * 8
-    assert ran_on == [threading.get_ident()] * 8
 
 
 def test_each_block_raises_a_blocks_error_after_the_begun_blocks_end(threads):
@@ -472,11 +479,7 @@ def test_each_block_runs_every_block_itself_when_the_pool_refuses_work(threads, 
 
     threads(3)
     monkeypatch.setattr(blocks, "_get_pool", lambda workers: ShutDown())
-    ran_on = []
-    out = blocks.each_block(lambda x: ran_on.append(threading.get_ident()) or len(x),
-                            np.zeros(800), block_bytes=8 * 100)
-    assert out == [100] * 8
-    assert ran_on == [threading.get_ident()] * 8
+    assert threads_of_eight_blocks() == [threading.get_ident()] * 8
 
 
 @pytest.mark.parametrize("rows, row_bytes, block_bytes, sizes", [
