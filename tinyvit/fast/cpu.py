@@ -198,7 +198,8 @@ class GELU(FastKernel, layers.GELU):
 
     def forward(self, x, bias=None):
         check_float(x, "GELU")
-        if self.approximate != "tanh" and x.dtype == xp.float32 and cpu_numba.compiled():
+        if (self.approximate != "tanh" and x.dtype == xp.float32 and cpu_numba.compiled()
+                and (bias is None or (x.ndim and bias.shape == x.shape[-1:]))):  # else NumPy's
             y, dydx = cpu_numba.gelu(rows_of(x), bias, self.training)
             self.cache = None if dydx is None else dydx.reshape(x.shape)
             return y.reshape(x.shape)

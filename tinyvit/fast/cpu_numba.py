@@ -18,22 +18,18 @@ Compiled, each takes a quarter to a half of the blocks' time (``benchmarks/compi
 
 ``cpu.GELU`` (float32; float64 keeps the exact erf) and ``cpu.LayerNorm`` call
 these when ``compiled()`` says so: Numba is installed and neither
-``set_compiled(False)`` nor ``TINYVIT_NUMBA=0`` turned it off. Their rows are
-spread over ``blocks.num_threads()`` threads by Numba's ``prange`` (at most
-``NUMBA_NUM_THREADS``, which Numba reads once, when imported: the cores by default), and
-give the same bits whatever that count: the column sums of LayerNorm's backward are taken
-per chunk of CHUNK_ROWS rows and the chunks added in order. The threads are
-Numba's "workqueue" layer, whose idle threads sleep (the OpenMP layer's threads
-spin, and took the cores from OpenBLAS's products: docs/performance.md), one loop
-at a time, unless ``NUMBA_THREADING_LAYER`` says otherwise (with "omp", GNU OpenMP's,
-a child forked after a compiled loop ran dies at its own first one). The loops are
-vectorized 16 float32 lanes wide where the processor has AVX-512
-(``_allow_512_bit_vectors``). The softmax and its backward run
-inside the attention's blocks (``cpu_attention.py``), so they are compiled without
-``prange``, for the calling thread, the GIL released; a function is compiled one of
-the two ways only, as Numba's disk cache keeps one build per function and types.
-The first call for each dtype compiles (a few seconds, then cached on disk beside
-this file); the arrays are made contiguous first, so that one layout is compiled.
+``set_compiled(False)`` nor ``TINYVIT_NUMBA=0`` turned it off. Every loop is compiled
+for the calling thread, the GIL released, and runs on one block of rows at a time on
+the blocks' threads (``blocks.each_block``), as the NumPy formulas do: GELU and
+LayerNorm per block of their rows, the softmax and its backward inside the
+attention's blocks (``cpu_attention.py``). Numba's own parallel loops (``prange``)
+are not used: starting one cost 0.07-0.2 ms of waking Numba's threads, where a
+LayerNorm of benchmark config A's takes 0.015 ms on one thread (docs/performance.md).
+The results are the same bits whatever the thread count: LayerNorm's column sums are
+taken per block and the blocks' added in order. The loops are vectorized 16 float32
+lanes wide where the processor has AVX-512 (``_allow_512_bit_vectors``). The first
+call for each dtype compiles (a few seconds, then cached on disk beside this file);
+the arrays are made contiguous first, so that one layout is compiled.
 """
 
 import functools
@@ -44,7 +40,7 @@ import threading
 
 from ..backend import xp
 from ..nn.functional import INV_SQRT_2PI, SQRT_HALF
-from .blocks import num_threads
+from .blocks import each_block
 from .elementwise import (
     ERFC_P,
     ERFC_T,
@@ -54,12 +50,10 @@ from .elementwise import (
     softmax_inplace,
     softmax_shift,
 )
-from .openblas import limit_spinning
 
 INSTALLED = importlib.util.find_spec("numba") is not None  # imported at the first call
 
 ENVIRONMENT_VARIABLE = "TINYVIT_NUMBA"  # "0": the NumPy blocks even where Numba is installed
-CHUNK_ROWS = 64  # rows per partial column sum in LayerNorm's backward
 _chosen = None  # set_compiled's choice, None: the environment's
 
 
@@ -143,45 +137,35 @@ def exp_nonpositive(g):
     return e_r * exp2_int(n)
 
 
-# -- Numba and its threads ----------------------------------------------------------------
-
-prange = range  # the loops' range: Numba's parallel one once Numba is imported
-_launch = threading.Lock()  # one parallel loop at a time: the workqueue layer runs one
+# -- Numba -------------------------------------------------------------------------------
 
 
-def _forget_launch():
-    """In a forked child: a lock held by a parent's thread would never be released."""
-    global _launch
-    _launch = threading.Lock()
+_numba_ready = None  # Numba, once _numba has set it up
+_setting_up = threading.Lock()  # threads whose first kernel comes at once set it up once
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_launch)
-
-
-@functools.cache
 def _numba():
-    """Numba, imported, its threads set up, ``prange`` its own, ``exp2_int`` and
-    ``exp_nonpositive`` compiled."""
-    global prange, exp2_int, exp_nonpositive
-    import numba
-    import numba.extending
+    """Numba, imported, ``exp2_int`` and ``exp_nonpositive`` compiled."""
+    global _numba_ready, exp2_int, exp_nonpositive
+    with _setting_up:
+        if _numba_ready is None:
+            import numba
+            import numba.extending
 
-    if "NUMBA_THREADING_LAYER" not in os.environ:  # a user's choice of layer wins
-        numba.config.THREADING_LAYER = "workqueue"
-    _allow_512_bit_vectors(numba)
-    prange, exp2_int = numba.prange, _exp2_bits(numba)
-    exp_nonpositive = numba.njit(fastmath=True, cache=True)(exp_nonpositive)
-    limit_spinning()  # its threads, like the blocks', need the cores OpenBLAS's idle ones hold
-    return numba
+            _allow_512_bit_vectors(numba)
+            exp2_int = _exp2_bits(numba)
+            exp_nonpositive = numba.njit(fastmath=True, cache=True)(exp_nonpositive)
+            _numba_ready = numba
+    return _numba_ready
 
 
 def _allow_512_bit_vectors(numba):
     """Let LLVM vectorize with AVX-512's 512-bit registers where the processor has them.
 
-    LLVM's tuning for these processors prefers 256-bit vectors ("prefer-256-bit", against
-    the clock slowdown of the first AVX-512 chips), so a loop of 16 float32 lanes ran as two
-    halves: turned off, the compiled GELU took about half the time (docs/performance.md).
+    LLVM's tuning for Intel's AVX-512 processors prefers 256-bit vectors ("prefer-256-bit",
+    against the clock slowdown of the first AVX-512 chips), so a loop of 16 float32 lanes ran
+    as two halves: turned off, the compiled GELU took about half the time on an Intel Xeon
+    (docs/performance.md); AMD's Zen 4 is tuned for 512-bit vectors already.
     Numba's processor features are one setting for the whole process, fixed when its CPU
     target is made, at the first ``@njit`` (anyone's): Numba code decorated afterwards is
     built the same way. Where the target was made before (by the user's code or a library
@@ -199,25 +183,10 @@ def _allow_512_bit_vectors(numba):
 
 @functools.cache
 def _compiled(function):
-    return _numba().njit(parallel=True, fastmath=True, cache=True)(function)
-
-
-@functools.cache
-def _serial(function):
     """``function`` compiled to run on the calling thread, the GIL released: for one
     block of ``blocks.each_block``, whose threads run the blocks side by side; a
     division by 0 gives inf or nan, as NumPy's does (a row of nan stays nan)."""
     return _numba().njit(nogil=True, fastmath=True, cache=True, error_model="numpy")(function)
-
-
-def _launch_with_threads(function, *arrays):
-    """``function(*arrays)``, compiled, on ``blocks.num_threads()`` of Numba's threads;
-    an array not contiguous is copied first (the outputs, new, are)."""
-    arrays = [xp.ascontiguousarray(a) if hasattr(a, "ndim") else a for a in arrays]
-    numba = _numba()
-    with _launch:
-        numba.set_num_threads(min(num_threads(), numba.config.NUMBA_NUM_THREADS))
-        _compiled(function)(*arrays)
 
 
 # -- GELU ---------------------------------------------------------------------------------
@@ -235,7 +204,7 @@ def _gelu(u, bias, y, dydx):
     float32 arrays, in float32 (dydx None: Numba compiles a loop without the derivative),
     by ``elementwise.gelu_erf``'s formulas."""
     M, D = u.shape
-    for m in prange(M):
+    for m in range(M):
         for j in range(D):
             x = u[m, j] + bias[j]
             a = min(abs(x), GAUSS_EDGE)  # gauss and tail are 0 beyond: no inf * 0
@@ -252,10 +221,15 @@ def _gelu(u, bias, y, dydx):
 
 def gelu(u, bias, train):
     """(y, dydx or None) of float32 u (M, D) plus bias (D,) or None."""
+    u = xp.ascontiguousarray(u)
     y = xp.empty(u.shape, dtype=u.dtype)
     dydx = xp.empty(u.shape, dtype=u.dtype) if train else None
-    bias = xp.zeros(u.shape[1], dtype=u.dtype) if bias is None else bias
-    _launch_with_threads(_gelu, u, bias, y, dydx)
+    bias = xp.zeros(u.shape[1], dtype=u.dtype) if bias is None else xp.ascontiguousarray(bias)
+    kernel = _compiled(_gelu)
+    if train:
+        each_block(lambda u, y, dydx: kernel(u, bias, y, dydx), u, y, dydx)
+    else:
+        each_block(lambda u, y: kernel(u, bias, y, None), u, y)
     return y, dydx
 
 
@@ -267,7 +241,7 @@ def _layer_norm(x, r, add, w, b, eps, s, xhat, keep, rstd, y):
     by row: the mean and the variance summed in float64, the rest in x's dtype."""
     M, D = x.shape
     cast = x.dtype.type
-    for m in prange(M):
+    for m in range(M):
         mean = 0.0
         for j in range(D):
             v = x[m, j] + r[m, j] if add else x[m, j]
@@ -292,46 +266,62 @@ def layer_norm(x, r, weight, bias, eps, keep):
     """(s, xhat or None, rstd, y) for (M, D) x and r (None: s is x); xhat is kept for
     the backward if keep."""
     add = r is not None
+    # without r the loop gets x as s, which it types as an array it may write: so a
+    # read-only x (a memory-mapped file's, say) is copied
+    x = xp.require(x, requirements="C" if add else "CW")
+    r = xp.ascontiguousarray(r) if add else x
     s = xp.empty(x.shape, dtype=x.dtype) if add else x
-    xhat = xp.empty(x.shape if keep else (0, 0), dtype=x.dtype)
+    xhat = xp.empty(x.shape if keep else (len(x), 0), dtype=x.dtype)  # (M, 0): not written
     y = xp.empty(x.shape, dtype=x.dtype)
     rstd = xp.empty((len(x), 1), dtype=x.dtype)
-    _launch_with_threads(_layer_norm, x, r if add else x, add, weight, bias, eps, s, xhat, keep,
-                         rstd, y)
+    w, b, kernel = xp.ascontiguousarray(weight), xp.ascontiguousarray(bias), _compiled(_layer_norm)
+
+    def normalize(x, r, s, xhat, rstd, y):  # one block of rows
+        kernel(x, r, add, w, b, eps, s, xhat, keep, rstd, y)
+
+    each_block(normalize, x, r, s, xhat, rstd, y)
     return s, (xhat if keep else None), rstd, y
 
 
 def _layer_norm_backward(dout, xhat, rstd, w, dskip, add, dx, dgamma, dbeta):
     """dx row by row (plus dskip, if add), its two means summed in float64, the rest in
-    dout's dtype; dgamma, dbeta: (chunks, D) partial sums, in float64."""
+    dout's dtype; dgamma, dbeta (D,): the block's column sums, in float64."""
     M, D = dout.shape
     cast = dout.dtype.type
-    for c in prange(dgamma.shape[0]):
-        for m in range(c * CHUNK_ROWS, min(M, (c + 1) * CHUNK_ROWS)):
-            mean_g, mean_gx = 0.0, 0.0
-            for j in range(D):
-                g = dout[m, j] * w[j]
-                dx[m, j] = g  # kept, rounded: recomputed, fastmath would fuse it into g - mg
-                mean_g += g
-                mean_gx += g * xhat[m, j]
-                dgamma[c, j] += dout[m, j] * xhat[m, j]
-                dbeta[c, j] += dout[m, j]
-            mg, mgx = cast(mean_g / D), cast(mean_gx / D)
-            for j in range(D):
-                v = (dx[m, j] - mg - xhat[m, j] * mgx) * rstd[m, 0]
-                dx[m, j] = v + dskip[m, j] if add else v
+    for m in range(M):
+        mean_g, mean_gx = 0.0, 0.0
+        for j in range(D):
+            g = dout[m, j] * w[j]
+            dx[m, j] = g  # kept, rounded: recomputed, fastmath would fuse it into g - mg
+            mean_g += g
+            mean_gx += g * xhat[m, j]
+            dgamma[j] += dout[m, j] * xhat[m, j]
+            dbeta[j] += dout[m, j]
+        mg, mgx = cast(mean_g / D), cast(mean_gx / D)
+        for j in range(D):
+            v = (dx[m, j] - mg - xhat[m, j] * mgx) * rstd[m, 0]
+            dx[m, j] = v + dskip[m, j] if add else v
 
 
 def layer_norm_backward(dout, xhat, rstd, weight, dskip):
-    """(dx, dgamma, dbeta) for (M, D) dout; dskip (M, D) or None is added to dx."""
-    chunks = -(-len(dout) // CHUNK_ROWS)
-    dgamma = xp.zeros((chunks, dout.shape[1]), dtype=xp.float64)
-    dbeta = xp.zeros((chunks, dout.shape[1]), dtype=xp.float64)
-    dx = xp.empty(dout.shape, dtype=dout.dtype)
+    """(dx, dgamma, dbeta) for (M, D) dout; dskip (M, D) or None is added to dx. The
+    column sums are taken per block and the blocks' added in order."""
     add = dskip is not None
-    _launch_with_threads(_layer_norm_backward, dout, xhat, rstd, weight,
-                         dskip if add else dout, add, dx, dgamma, dbeta)
-    return dx, dgamma.sum(axis=0).astype(dout.dtype), dbeta.sum(axis=0).astype(dout.dtype)
+    dout, xhat, rstd = (xp.ascontiguousarray(a) for a in (dout, xhat, rstd))
+    dskip = xp.ascontiguousarray(dskip) if add else dout
+    dx = xp.empty(dout.shape, dtype=dout.dtype)
+    w, kernel = xp.ascontiguousarray(weight), _compiled(_layer_norm_backward)
+
+    def gradient(dout, xhat, rstd, dskip, dx):  # one block of rows: its column sums
+        dgamma, dbeta = (xp.zeros(dout.shape[1], dtype=xp.float64) for _ in range(2))
+        kernel(dout, xhat, rstd, w, dskip, add, dx, dgamma, dbeta)
+        return dgamma, dbeta
+
+    dgamma, dbeta = (xp.zeros(dout.shape[1], dtype=xp.float64) for _ in range(2))
+    for block_dgamma, block_dbeta in each_block(gradient, dout, xhat, rstd, dskip, dx):
+        dgamma += block_dgamma  # in block order: the same bits on any thread count
+        dbeta += block_dbeta
+    return dx, dgamma.astype(dout.dtype), dbeta.astype(dout.dtype)
 
 
 # -- softmax and its backward, on one block of the attention's -----------------------------
@@ -373,7 +363,7 @@ def softmax_block(S):
     rows = S.reshape(-1, S.shape[-1])
     shift = softmax_shift(rows)
     shift = shift if shift.ndim else xp.full((len(rows), 1), shift, dtype=S.dtype)
-    _serial(_softmax)(rows, shift)
+    _compiled(_softmax)(rows, shift)
     return S
 
 
@@ -397,5 +387,5 @@ def softmax_backward_block(A, dA, scale=1.0):
     if not takes_block(A, dA):
         return softmax_backward_inplace(A, dA, scale)
     N = A.shape[-1]
-    _serial(_softmax_backward)(A.reshape(-1, N), dA.reshape(-1, N), A.dtype.type(scale))
+    _compiled(_softmax_backward)(A.reshape(-1, N), dA.reshape(-1, N), A.dtype.type(scale))
     return dA

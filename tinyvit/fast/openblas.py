@@ -15,9 +15,9 @@ it starts its threads, so this sets that variable (unless the user has), has Ope
 read its variables again and stops its threads, as OpenBLAS itself does before a fork;
 its next product starts them again, with the new wait. Where no OpenBLAS with those
 functions is loaded (NumPy with MKL or Accelerate, a system other than Linux), nothing
-changes. ``blocks`` and ``cpu_numba`` call it when they first start threads of
-their own, from the thread that runs tinyvit's products; it is meant to run while
-no other thread is inside OpenBLAS.
+changes. ``blocks`` calls it when it first starts threads of its own, from the
+thread that runs tinyvit's products; it is meant to run while no other thread is
+inside OpenBLAS.
 """
 
 import ctypes
