@@ -226,10 +226,11 @@ def gelu(u, bias, train):
     dydx = xp.empty(u.shape, dtype=u.dtype) if train else None
     bias = xp.zeros(u.shape[1], dtype=u.dtype) if bias is None else xp.ascontiguousarray(bias)
     kernel = _compiled(_gelu)
-    if train:
-        each_block(lambda u, y, dydx: kernel(u, bias, y, dydx), u, y, dydx)
-    else:
-        each_block(lambda u, y: kernel(u, bias, y, None), u, y)
+
+    def activate(u, y, dydx=None):  # one block of rows
+        kernel(u, bias, y, dydx)
+
+    each_block(activate, u, *((y,) if dydx is None else (y, dydx)))
     return y, dydx
 
 
