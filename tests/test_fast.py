@@ -689,6 +689,21 @@ def test_fast_layernorm_takes_a_read_only_input_as_the_reference(route):
     np.testing.assert_allclose(y, reference.forward(x + r), rtol=1e-5, atol=1e-5)
 
 
+def test_fast_layernorm_backward_follows_its_forwards_route(route):
+    """A big-endian or float16 x takes the NumPy blocks forward; the backward of its xhat
+    does too, whatever dtype dout has, and gives the reference's gradient."""
+    rng = np.random.default_rng(0)
+    for dtype in (">f4", np.float16):
+        x, dy = rng.standard_normal((2, 3, 8)).astype(dtype), rng.standard_normal((2, 3, 8))
+        norm, reference = cpu.LayerNorm(8), layers.LayerNorm(8)
+        norm.forward(x), reference.forward(x)
+        dy = dy.astype(np.float32)
+        np.testing.assert_allclose(norm.backward(dy), reference.backward(dy), rtol=1e-2,
+                                   atol=1e-2)
+        np.testing.assert_allclose(norm.weight.grad, reference.weight.grad, rtol=1e-2,
+                                   atol=1e-2)
+
+
 def test_fast_gelu_adds_a_bias_as_numpy_broadcasts_it(route):
     """forward(u, b), as MLP calls it: a bias of another length is refused on both routes,
     one of shape (1, D) added as NumPy broadcasts it."""

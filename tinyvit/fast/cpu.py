@@ -149,7 +149,7 @@ class LayerNorm(FastKernel, layers.LayerNorm):
     def backward_residual(self, dout, dskip=None):
         """dx, plus ``dskip`` (the gradient a skip connection adds) when given."""
         xhat, rstd = self._take_cache()
-        if self.compiled_for(dout):
+        if self.compiled_for(dout) and self.compiled_for(xhat):  # xhat: the forward's route
             dx, dgamma, dbeta = cpu_numba.layer_norm_backward(
                 rows_of(dout), rows_of(xhat), rows_of(rstd), self.weight.data,
                 None if dskip is None else rows_of(dskip))
