@@ -37,6 +37,10 @@ from .report import GradCheckReport
 
 DOUT_STREAM = 1  # dout is drawn from rng((seed, DOUT_STREAM))
 ACCUMULATION_TOL = 1e-12  # a second backward doubles a gradient to rounding
+EPS64 = 2.0**-52  # float64's spacing at 1
+# the rounding of the forward, in units of eps * sum|dout * y|: the worst central difference
+# of correct models (ViTs down to 3 channels, each layer) came to a quarter of it
+ROUNDING = 8.0
 
 
 @dataclasses.dataclass
@@ -52,9 +56,16 @@ class TensorCheck:
     accumulates: bool = True  # a second backward added to the first
     findings: list = dataclasses.field(default_factory=list)  # what is wrong, if anything
     problem: str = None  # a gradient of another type, shape or dtype, or not finite
+    noise: float = 0.0  # the error the numeric gradient may carry from rounding (absolute)
 
     def passed(self, tol):
-        return self.problem is None and self.rel_err <= tol and self.accumulates
+        return self.problem is None and self.accumulates and (
+            self.rel_err <= tol or self.within_noise())
+
+    def within_noise(self):
+        """Whether the worst difference is one the numeric gradient's rounding can make:
+        a gradient too small for central differences to measure to ``tol``."""
+        return abs(self.analytic - self.numeric) <= self.noise
 
 
 def gradient_check(module, x, *args, h=1e-5, seed=0, before_forward=None, wrt_input=True,
@@ -98,21 +109,48 @@ def gradient_check(module, x, *args, h=1e-5, seed=0, before_forward=None, wrt_in
     forward()
     module.backward(dout)  # again, without zero_grad: every gradient must double
     twice = {name: p.grad for name, p in module.named_parameters()}
+    # what the central differences' rounding may leave in an entry; none in given gradients
+    noise = 0.0 if expected is not None else rounding_noise(y, dout, h)
     right, checks = {}, []
     for name, value, analytic in tensors:
-        right[name] = numeric_gradient(loss, value, h) if expected is None else expected[name]
-        check = compare(name, analytic, right[name])
+        if expected is None:
+            right[name], check = measured(name, analytic, loss, value, h, noise, tol)
+        else:
+            right[name], check = expected[name], compare(name, analytic, expected[name])
         check.accumulates = name == "input" or check.problem is not None or doubled(
             twice[name], analytic)
         checks.append(check)
     found = None
     if repair and not all(c.passed(tol) for c in checks):
-        found = search(Probe(module, forward, dout), right, tol, budget=repair)
+        found = search(Probe(module, forward, dout), right, tol, budget=repair,
+                       noise={c.name: c.noise for c in checks})
     context = Context(module, x, dout, found)
     for check, (name, _, analytic) in zip(checks, tensors):
         if not check.passed(tol):
             check.findings = diagnose(check, analytic, right[name], context, tol)
     return GradCheckReport(checks, h, tol, module, found)
+
+
+def rounding_noise(y, dout, h):
+    """The error the rounding of L = sum(dout * y) may leave in a central difference:
+    each L carries about eps * sum|dout * y| (times ``ROUNDING``, for the rounding
+    inside the forward), and the difference of two divides it by 2 h."""
+    return ROUNDING * EPS64 * float(xp.abs(y * dout).sum()) / h
+
+
+def measured(name, analytic, loss, value, h, noise, tol):
+    """(numeric gradient, its ``TensorCheck``): central differences at h, and where the
+    analytic gradient fails them, also Richardson's extrapolation (4 D(h) - D(2h)) / 3,
+    whose error is O(h^4) where D(h)'s is O(h^2); the estimate the analytic gradient is
+    nearer to is kept (near a kink, such as ReLU's at 0, D(2h) can be the worse)."""
+    numeric = numeric_gradient(loss, value, h)
+    check = compare(name, analytic, numeric, noise)
+    if check.problem is None and not check.passed(tol):
+        refined = (4 * numeric - numeric_gradient(loss, value, 2 * h)) / 3
+        second = compare(name, analytic, refined, noise)
+        if second.rel_err < check.rel_err:
+            return refined, second
+    return numeric, check
 
 
 def numeric_gradient(loss, value, h=1e-5):
@@ -130,21 +168,23 @@ def numeric_gradient(loss, value, h=1e-5):
     return grad
 
 
-def compare(name, analytic, numeric):
+def compare(name, analytic, numeric, noise=0.0):
     """The ``TensorCheck`` of a computed gradient against an expected one (numeric, or
     another implementation's): the max-norm relative error and where it is worst; a
-    problem of type before any value (another shape or dtype, not an array, not finite)."""
+    problem of type before any value (another shape or dtype, not an array, not finite).
+    ``noise``: the absolute error the expected gradient may carry."""
     problem = type_problem(analytic, numeric)
     if problem:
         return TensorCheck(name, tuple(numeric.shape), math.inf, (), math.nan, math.nan,
-                           problem=problem)
+                           problem=problem, noise=noise)
     diff = xp.abs(analytic - numeric)
     scale = float(xp.maximum(xp.abs(analytic), xp.abs(numeric)).max())
     worst = diff.argmax()  # flat index, a 0-d array (CuPy's unravel_index takes no Python int)
     where = tuple(int(i) for i in xp.unravel_index(worst, numeric.shape))
     rel_err = float(diff.max()) / scale if scale > 0 else 0.0
     return TensorCheck(name, tuple(numeric.shape), rel_err, where,
-                       float(analytic.reshape(-1)[worst]), float(numeric.reshape(-1)[worst]))
+                       float(analytic.reshape(-1)[worst]), float(numeric.reshape(-1)[worst]),
+                       noise=noise)
 
 
 def type_problem(computed, expected):

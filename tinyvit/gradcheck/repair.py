@@ -142,9 +142,12 @@ class Probe:
 FAILS = Outcome({}, math.inf, doubled=False)  # a gradient missing, misshapen or not finite
 
 
-def measure(grads, expected):
+def measure(grads, expected, noise=None):
     """The ``Outcome`` of ``grads`` against ``expected`` ({name: array}); None when a
-    gradient is missing, of another shape or dtype, or not finite."""
+    gradient is missing, of another shape or dtype, or not finite. ``noise`` ({name:
+    float}): the error an expected gradient may carry, a difference within which counts
+    as none (the check's ``TensorCheck.within_noise``)."""
+    noise = noise or {}
     errors, distance = {}, 0.0
     for name, want in expected.items():
         got = grads.get(name)
@@ -155,7 +158,7 @@ def measure(grads, expected):
             return None
         top = float(xp.abs(want).max()) if want.size else 0.0
         larger = max(top, float(xp.abs(got).max()) if got.size else 0.0)
-        errors[name] = diff / larger if larger > 0 else 0.0
+        errors[name] = diff / larger if larger > 0 and diff > noise.get(name, 0.0) else 0.0
         distance += math.log(max(diff / top if top > 0 else diff, 1e-12))
     return Outcome(errors, distance)
 
@@ -183,14 +186,16 @@ class Search:
     sources: list  # the functions it edited
 
 
-def search(probe, expected, tol, budget=None, own_only=False, reference=None, verify=None):
+def search(probe, expected, tol, budget=None, own_only=False, reference=None, verify=None,
+           noise=None):
     """Search edits of the code ``probe``'s backward runs for one that makes its gradients
     match ``expected`` (each within ``tol``) and accumulate. ``own_only``: edit the code
     outside tinyvit alone (the workbook's: the library's is right). ``reference``: the tree
     of a right version of the code (the workbook's: the library's), whose expressions the
     error model may put in, and whose statements are likely right where the code writes
     them the same way. ``verify()``: a further check a fix must pass (the workbook's other
-    cases). ``budget``: seconds, ``BUDGET`` by default. Returns a ``Search``."""
+    cases). ``noise``: what each expected gradient may be off by (``measure``).
+    ``budget``: seconds, ``BUDGET`` by default. Returns a ``Search``."""
     started = time.perf_counter()
     deadline = started + (BUDGET if budget is None else budget)
     if is_array(probe.dout):
@@ -199,7 +204,7 @@ def search(probe, expected, tol, budget=None, own_only=False, reference=None, ve
         expected = {**expected, OUTPUT: probe.output_values}
     probe.start()
     grads, recorded = trace(probe.backward, own_only)
-    baseline = None if isinstance(grads, Exception) else measure(grads, expected)
+    baseline = None if isinstance(grads, Exception) else measure(grads, expected, noise)
     not_doubled = [] if baseline is None else probe.not_doubled(grads)
     if baseline is not None and baseline.passes(tol) and not not_doubled:
         return Search(None, 0, time.perf_counter() - started, recorded, [])  # nothing wrong
@@ -207,13 +212,13 @@ def search(probe, expected, tol, budget=None, own_only=False, reference=None, ve
     sources = [s for s in recorded.sources if s.code not in probe.forward_codes]
     if own_only:
         sources = [s for s in sources if not in_tinyvit(s.path)]
-    ranking = _Ranking(recorded, probe, grads, expected, not_doubled, tol)
+    ranking = _Ranking(recorded, probe, grads, expected, not_doubled, tol, noise)
     singles = []  # the edits tried, in order
     proposed = _in_order(sources, lambda s: scope_of(recorded, s, pending, reference),
                          ranking, recorded.first_run(), singles)
     tried = 0
     promising = []
-    runner = _Runner(probe, expected, tol, verify)
+    runner = _Runner(probe, expected, tol, verify, noise)
     for edit in proposed:
         if time.perf_counter() > deadline:
             break
@@ -309,8 +314,9 @@ def _how(edit):
 class _Runner:
     """Compiles a candidate into the functions, runs the probe, and puts the code back."""
 
-    def __init__(self, probe, expected, tol, verify):
+    def __init__(self, probe, expected, tol, verify, noise):
         self.probe, self.expected, self.tol, self.verify = probe, expected, tol, verify
+        self.noise = noise
 
     def outcome(self, candidate):
         for edit in candidate:
@@ -331,7 +337,7 @@ class _Runner:
                 grads = self.probe.run()
             except Exception:  # a candidate that does not run is no fix
                 return None
-            outcome = measure(grads, self.expected)
+            outcome = measure(grads, self.expected, self.noise)
             if outcome is not None and outcome.passes(self.tol):
                 try:
                     outcome.doubled = self.probe.accumulates(grads)
@@ -477,8 +483,8 @@ class _Ranking:
     are wrong (a backward runs from the output down: the mistake is in what ran just before
     the first wrong gradient), then the rest."""
 
-    def __init__(self, recorded, probe, grads, expected, not_doubled, tol):
-        self.suspects = _suspects(recorded, probe, grads, expected, not_doubled, tol)
+    def __init__(self, recorded, probe, grads, expected, not_doubled, tol, noise):
+        self.suspects = _suspects(recorded, probe, grads, expected, not_doubled, tol, noise)
 
     def lines(self, source, rank):
         """The lines of ``source``'s statements whose edits have ``rank``."""
@@ -489,7 +495,7 @@ class _Ranking:
         return every & suspect if rank % 2 == 0 else every - suspect
 
 
-def _suspects(recorded, probe, grads, expected, not_doubled, tol):
+def _suspects(recorded, probe, grads, expected, not_doubled, tol, noise):
     """{(code, line)} that ran in the window before the first wrong gradient (every line
     that ran, where the gradients say nothing narrower); where the backward raised, the
     line that raised and the lines that called it; where every value is right, the window
@@ -502,7 +508,7 @@ def _suspects(recorded, probe, grads, expected, not_doubled, tol):
         raised = max((began for began, *_ in recorded.lines), default=0)
         return recorded.ran_between(raised, math.inf) or everything
     wrong = {name for name, want in expected.items()
-             if not (measure({name: grads.get(name)}, {name: want}) or FAILS).passes(tol)}
+             if not (measure({name: grads.get(name)}, {name: want}, noise) or FAILS).passes(tol)}
     wrong = wrong or set(not_doubled)  # every value right: those a second backward misses
     spans = [(began, finished) for _, began, finished in recorded.layers]
     start, end, holder = 0, math.inf, None

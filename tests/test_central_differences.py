@@ -1,0 +1,88 @@
+"""What central differences can measure (tinyvit/gradcheck/check.py): a right backward
+passes where their truncation or their rounding is larger than the tolerance, and a
+wrong one fails however small its gradient."""
+
+import numpy as np
+
+from tinyvit import gradient_check
+from tinyvit.backend import rng
+from tinyvit.gradcheck import check
+from tinyvit.models import create_model
+from tinyvit.nn.module import Module
+
+TINY = dict(embed_dim=3, num_heads=1, depth=2, image_size=6, patch_size=3, pool="mean")
+
+
+def tiny_model_check(seed, **options):
+    """The check of a right ViT with 3 channels (a LayerNorm of 3 entries bends sharply)."""
+    model = create_model("mnist", seed=seed, dtype="float64", **TINY)
+    x = np.random.default_rng(seed).standard_normal((2, 1, 6, 6))
+    return gradient_check(model, x, repair=0, **options)
+
+
+def test_truncation_beyond_the_tolerance_is_refined_away():
+    """Seed 1's class token: D(h)'s O(h^2) error is 6.8e-7 of the gradient, past 1e-7;
+    Richardson's (4 D(h) - D(2h)) / 3 is within it, on its own merits."""
+    central = check.compare("cls_token", *class_token_gradients(1))
+    assert 5e-7 < central.rel_err < 1e-6 and not central.within_noise()
+    report = tiny_model_check(1)
+    assert report.passed
+    assert report["cls_token"].rel_err < 1e-7
+
+
+def class_token_gradients(seed):
+    """(the backward's, D(h)'s) gradient of the class token of ``tiny_model_check``'s model."""
+    model = create_model("mnist", seed=seed, dtype="float64", **TINY)
+    x = np.random.default_rng(seed).standard_normal((2, 1, 6, 6))
+    dout = rng((0, check.DOUT_STREAM)).standard_normal((2, 10))  # the check's, at its seed 0
+    model.zero_grad()
+    model.forward(x)
+    model.backward(dout)
+    token = dict(model.named_parameters())["cls_token"]
+
+    def loss():
+        return float((model.forward(x) * dout).sum())
+
+    return token.grad.copy(), check.numeric_gradient(loss, token.data)
+
+
+def test_a_gradient_below_what_rounding_lets_differences_measure_passes_and_says_so():
+    """Seed 5's blocks.0.norm2.weight: its gradient is 2.8e-6, and what the rounding of
+    L may leave in a difference 9e-11, so 1e-7 of it cannot be measured; the two are
+    5e-12 apart, and the report says so beside the relative error."""
+    report = tiny_model_check(5)
+    tensor = report["blocks.0.norm2.weight"]
+    assert report.passed and tensor.rel_err > 1e-7 and tensor.within_noise()
+    assert 1e-12 < tensor.noise < 1e-10
+    lines = str(report).splitlines()
+    line = lines[lines.index("blocks.0.norm2 (LayerNorm)   docs/backprop.md#layernorm") + 1]
+    assert line.startswith("  PASS  weight") and line.endswith(
+        f", within the rounding of the differences ({tensor.noise:.0e})")
+
+
+def test_a_right_tiny_model_passes_for_every_seed():
+    assert all(tiny_model_check(seed).passed for seed in range(8))
+
+
+class Scale(Module):
+    """y = 1e-6 x, whose backward gives 2e-6 dout: right in form, twice too large."""
+
+    def forward(self, x):
+        return 1e-6 * x
+
+    def backward(self, dout):
+        return 2e-6 * dout
+
+
+def test_a_wrong_gradient_a_millionth_small_still_fails():
+    report = gradient_check(Scale(), np.random.default_rng(0).standard_normal((4, 5)), repair=0)
+    tensor = report["input"]
+    assert not report.passed and not tensor.within_noise()
+    assert abs(tensor.rel_err - 0.5) < 1e-6
+    assert tensor.noise < 1e-9 * abs(tensor.numeric)
+
+
+def test_given_gradients_carry_no_rounding_allowance():
+    x = np.random.default_rng(0).standard_normal((4, 5))
+    report = gradient_check(Scale(), x, repair=0, expected={"input": 2e-6 * np.ones_like(x)})
+    assert report["input"].noise == 0.0
