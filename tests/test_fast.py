@@ -8,6 +8,7 @@ and threads every CPU kernel runs on, the one-max softmax, the CPU's dropout.
 
 import functools
 import math
+import re
 import threading
 import time
 
@@ -612,6 +613,32 @@ def test_numba_disable_jit_gives_the_numpy_blocks(monkeypatch):
     assert cpu_numba.compiled()
 
 
+@pytest.mark.skipif(not cpu_numba.INSTALLED, reason="Numba is not installed")
+def test_compiled_loops_refuse_arrays_of_another_shape_than_their_inputs():
+    """The loops index without bounds checks: each wrapper names the array of a wrong
+    shape before a loop could read or write past it."""
+    f = np.float32
+    x, a = np.ones((4, 8), f), np.ones((2, 3, 5, 5), f)
+    calls = {
+        "gelu: bias must have shape (8,)": lambda: cpu_numba.gelu(x, np.ones(9, f), True),
+        "layer_norm: r must have shape (4, 8)":
+            lambda: cpu_numba.layer_norm(x, np.ones((4, 7), f), np.ones(8, f), np.ones(8, f),
+                                         1e-5, True),
+        "layer_norm: weight must have shape (8,)":
+            lambda: cpu_numba.layer_norm(x, None, np.ones(16, f), np.ones(8, f), 1e-5, True),
+        "layer_norm_backward: rstd must have shape (4, 1)":
+            lambda: cpu_numba.layer_norm_backward(x, x, np.ones((2, 1), f), np.ones(8, f), None),
+        "layer_norm_backward: dskip must have shape (4, 8)":
+            lambda: cpu_numba.layer_norm_backward(x, x, np.ones((4, 1), f), np.ones(8, f),
+                                                  np.ones((4, 9), f)),
+        "softmax_backward_block: dA must have shape (2, 3, 5, 5)":
+            lambda: cpu_numba.softmax_backward_block(a, np.ones((2, 3, 5, 4), f)),
+    }
+    for message, call in calls.items():
+        with pytest.raises(ValueError, match=re.escape(message)):
+            call()
+
+
 def test_set_compiled_takes_true_false_or_none():
     with pytest.raises(ValueError, match=r"set_compiled: expected True, False or None, got '0'"):
         cpu_numba.set_compiled("0")
@@ -702,6 +729,26 @@ def test_fast_layernorm_backward_follows_its_forwards_route(route):
                                    atol=1e-2)
         np.testing.assert_allclose(norm.weight.grad, reference.weight.grad, rtol=1e-2,
                                    atol=1e-2)
+
+
+@pytest.mark.parametrize("x_dtype, layer_dtype", [(np.float32, np.float64),
+                                                   (np.float64, np.float32)])
+def test_fast_layernorm_promotes_mixed_dtypes_as_the_reference(route, x_dtype, layer_dtype):
+    """An input of another float dtype than the parameters': y, dx and the parameters'
+    gradients of the dtypes, and the values, the reference gives (NumPy's promotion)."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 3, 8)).astype(x_dtype)
+    norm, reference = cpu.LayerNorm(8, dtype=layer_dtype), layers.LayerNorm(8, dtype=layer_dtype)
+    ours, theirs = norm.forward(x), reference.forward(x)
+    assert ours.dtype == theirs.dtype == np.float64
+    np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-6)
+    dy = rng.standard_normal(ours.shape)
+    ours, theirs = norm.backward(dy), reference.backward(dy)
+    assert ours.dtype == theirs.dtype
+    np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5)
+    for mine, its in ((norm.weight, reference.weight), (norm.bias, reference.bias)):
+        assert mine.grad.dtype == its.grad.dtype == layer_dtype
+        np.testing.assert_allclose(mine.grad, its.grad, rtol=1e-5, atol=1e-5)
 
 
 def test_fast_gelu_adds_a_bias_as_numpy_broadcasts_it(route):

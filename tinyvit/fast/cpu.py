@@ -117,7 +117,9 @@ class LayerNorm(FastKernel, layers.LayerNorm):
             self.cache = (xhat, rstd) if self.training else None
             return s.reshape(x.shape), y.reshape(x.shape)
         s = x if r is None else xp.empty(x.shape, dtype=x.dtype)
-        xhat, y = xp.empty(x.shape, dtype=x.dtype), xp.empty(x.shape, dtype=x.dtype)
+        xhat = xp.empty(x.shape, dtype=x.dtype)
+        # gamma xhat + beta: promoted as the reference's (a float32 x, float64 parameters)
+        y = xp.empty(x.shape, dtype=xp.result_type(x, self.weight.data, self.bias.data))
         rstd = xp.empty((*x.shape[:-1], 1), dtype=x.dtype)
         w, b, inv_d = self.weight.data, self.bias.data, 1.0 / self.dim
 

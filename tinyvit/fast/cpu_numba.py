@@ -187,6 +187,16 @@ def _allow_512_bit_vectors(numba):
         numba.config.CPU_FEATURES = features + ",-prefer-256-bit"
 
 
+def check_shapes(kernel, **arrays):
+    """Raise ValueError unless every array has its shape (``name=(array, shape)``): the
+    compiled loops index without bounds checks, so an array of another shape would be
+    read or written past its end."""
+    for name, (a, shape) in arrays.items():
+        if tuple(a.shape) != tuple(shape):
+            raise ValueError(f"{kernel}: {name} must have shape {tuple(shape)} (as its "
+                             f"input's), got {tuple(a.shape)}")
+
+
 @functools.cache
 def _compiled(function):
     """``function`` compiled to run on the calling thread, the GIL released: for one
@@ -228,9 +238,11 @@ def _gelu(u, bias, y, dydx):
 def gelu(u, bias, train):
     """(y, dydx or None) of float32 u (M, D) plus bias (D,) or None."""
     u = xp.ascontiguousarray(u)
+    M, D = u.shape
     y = xp.empty(u.shape, dtype=u.dtype)
     dydx = xp.empty(u.shape, dtype=u.dtype) if train else None
-    bias = xp.zeros(u.shape[1], dtype=u.dtype) if bias is None else xp.ascontiguousarray(bias)
+    bias = xp.zeros(D, dtype=u.dtype) if bias is None else xp.ascontiguousarray(bias)
+    check_shapes("gelu", bias=(bias, (D,)))
     kernel = _compiled(_gelu)
 
     def activate(u, y, dydx=None):  # one block of rows
@@ -277,6 +289,8 @@ def layer_norm(x, r, weight, bias, eps, keep):
     # read-only x (a memory-mapped file's, say) is copied
     x = xp.require(x, requirements="C" if add else "CW")
     r = xp.ascontiguousarray(r) if add else x
+    M, D = x.shape
+    check_shapes("layer_norm", r=(r, (M, D)), weight=(weight, (D,)), bias=(bias, (D,)))
     s = xp.empty(x.shape, dtype=x.dtype) if add else x
     xhat = xp.empty(x.shape if keep else (len(x), 0), dtype=x.dtype)  # (M, 0): not written
     y = xp.empty(x.shape, dtype=x.dtype)
@@ -316,6 +330,9 @@ def layer_norm_backward(dout, xhat, rstd, weight, dskip):
     add = dskip is not None
     dout, xhat, rstd = (xp.ascontiguousarray(a) for a in (dout, xhat, rstd))
     dskip = xp.ascontiguousarray(dskip) if add else dout
+    M, D = dout.shape
+    check_shapes("layer_norm_backward", xhat=(xhat, (M, D)), rstd=(rstd, (M, 1)),
+                 weight=(weight, (D,)), dskip=(dskip, (M, D)))
     dx = xp.empty(dout.shape, dtype=dout.dtype)
     w, kernel = xp.ascontiguousarray(weight), _compiled(_layer_norm_backward)
 
@@ -393,6 +410,7 @@ def softmax_backward_block(A, dA, scale=1.0):
     compiled where ``takes_block`` says so, else in NumPy."""
     if not takes_block(A, dA):
         return softmax_backward_inplace(A, dA, scale)
+    check_shapes("softmax_backward_block", dA=(dA, A.shape))
     N = A.shape[-1]
     _compiled(_softmax_backward)(A.reshape(-1, N), dA.reshape(-1, N), A.dtype.type(scale))
     return dA
