@@ -48,12 +48,12 @@ def class_token_gradients(seed):
 
 def test_a_gradient_below_what_rounding_lets_differences_measure_passes_and_says_so():
     """Seed 5's blocks.0.norm2.weight: its gradient is 2.8e-6, and what the rounding of
-    L may leave in a difference 9e-11, so 1e-7 of it cannot be measured; the two are
+    L may leave in a difference 2e-10, so 1e-7 of it cannot be measured; the two are
     5e-12 apart, and the report says so beside the relative error."""
     report = tiny_model_check(5)
     tensor = report["blocks.0.norm2.weight"]
     assert report.passed and tensor.rel_err > 1e-7 and tensor.within_noise()
-    assert 1e-12 < tensor.noise < 1e-10
+    assert 1e-10 < tensor.noise < 1e-9
     lines = str(report).splitlines()
     line = lines[lines.index("blocks.0.norm2 (LayerNorm)   docs/backprop.md#layernorm") + 1]
     assert line.startswith("  PASS  weight") and line.endswith(
@@ -79,7 +79,7 @@ def test_a_wrong_gradient_a_millionth_small_still_fails():
     tensor = report["input"]
     assert not report.passed and not tensor.within_noise()
     assert abs(tensor.rel_err - 0.5) < 1e-6
-    assert tensor.noise < 1e-9 * abs(tensor.numeric)
+    assert tensor.noise < 1e-8 * abs(tensor.numeric)
 
 
 def test_given_gradients_carry_no_rounding_allowance():

@@ -100,10 +100,10 @@ F, I32 = xp.float32, xp.int32  # numpy's: the loops run on the CPU
 LOG2E = F(1 / math.log(2))
 LN2_HI, LN2_LO = F(0.693145751953125), F(math.log(2) - 0.693145751953125)  # ln 2 = HI + LO
 HALF, ONE, ZERO = F(0.5), F(1.0), F(0.0)
-# e^r = 1 + r P(r) for |r| <= ln 2 / 2, P of degree 5 (lowest power first) fitted to (e^r - 1) / r
-# by weighted least squares iterated towards the minimax of the relative error (Lawson):
-# 2.0e-9 in exact arithmetic, so the float32 rounding of its evaluation is all that is left
-# (1e-7), as with the eight terms of the series it replaced, in one multiply-add fewer.
+# e^r for |r| <= ln 2 / 2 by a polynomial of degree 6 (lowest power first), 1 + r P(r), P fitted
+# to (e^r - 1) / r by weighted least squares iterated towards the minimax of the relative error
+# (Lawson): 2.0e-9 in exact arithmetic, so the float32 rounding of its evaluation is all that
+# is left (1e-7), as with the eight terms of the series it replaced, in one multiply-add fewer.
 EXP_R = (1.0, 1.0000000327099992, 0.49999994107685664, 0.16666428578704784,
          0.04166801766494323, 0.008374388705166365, 0.0013843381983537598)
 E0, E1, E2, E3, E4, E5, E6 = (F(c) for c in EXP_R)
