@@ -39,6 +39,10 @@ from .source import NotEditable, Source
 from .trace import called, in_tinyvit, trace
 
 BUDGET = 2.0  # seconds of search for one backward
+# where a difference is within the numeric gradient's rounding, the two must still agree to this
+# (relative) to count as one: a gradient wrong by a factor, however small, is not passed on the
+# rounding's account
+ROUNDED_AGREEMENT = 1e-4
 UPSTREAM = "the upstream gradient"  # what a backward must leave as it came
 OUTPUT = "the forward's output"  # and this too
 CLOSER = math.log(1.5)  # an edit that shrinks the error this much (in log) is promising
@@ -145,8 +149,8 @@ FAILS = Outcome({}, math.inf, doubled=False)  # a gradient missing, misshapen or
 def measure(grads, expected, noise=None):
     """The ``Outcome`` of ``grads`` against ``expected`` ({name: array}); None when a
     gradient is missing, of another shape or dtype, or not finite. ``noise`` ({name:
-    float}): the error an expected gradient may carry, a difference within which counts
-    as none (the check's ``TensorCheck.within_noise``)."""
+    float}): the error an expected gradient may carry; a difference within it, where the
+    two agree to ``ROUNDED_AGREEMENT``, counts as none (as ``TensorCheck.passed``)."""
     noise = noise or {}
     errors, distance = {}, 0.0
     for name, want in expected.items():
@@ -158,7 +162,9 @@ def measure(grads, expected, noise=None):
             return None
         top = float(xp.abs(want).max()) if want.size else 0.0
         larger = max(top, float(xp.abs(got).max()) if got.size else 0.0)
-        errors[name] = diff / larger if larger > 0 and diff > noise.get(name, 0.0) else 0.0
+        error = diff / larger if larger > 0 else 0.0
+        rounded = diff <= noise.get(name, 0.0) and error <= ROUNDED_AGREEMENT
+        errors[name] = 0.0 if rounded else error
         distance += math.log(max(diff / top if top > 0 else diff, 1e-12))
     return Outcome(errors, distance)
 

@@ -103,7 +103,9 @@ class GradCheckReport:
                 measured = (f"rel_err {c.rel_err:.1e}  worst {c.where}: {c.analytic:.6g} vs "
                             f"{c.numeric:.6g}") if c.problem is None else "not compared"
                 if c.problem is None and c.rel_err > self.tol and c.within_noise():
-                    measured += f", within the rounding of the differences ({c.noise:.0e})"
+                    too_small = "" if c.passed(self.tol) else "; too small to measure here"
+                    measured += (f", {abs(c.analytic - c.numeric):.1e} apart, within the "
+                                 f"rounding of the differences ({c.noise:.1e}){too_small}")
                 lines.append(f"  {result}  {name:<14}{str(c.shape):<14}{measured}")
                 lines += [f"        {finding}" for finding in c.findings]
         lines += self._repair()
