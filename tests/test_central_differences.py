@@ -83,6 +83,40 @@ def test_a_wrong_gradient_a_millionth_small_still_fails():
     assert tensor.noise < 1e-8 * abs(tensor.numeric)
 
 
+class LayerNormWithoutEps(Module):
+    """A LayerNorm with beta = 50 (so sum|dout y| is large) whose backward divides by the
+    standard deviation without eps, where its forward added eps = 1e-6."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.weight, self.bias = Parameter(np.ones(d)), Parameter(np.full(d, 50.0))
+
+    def forward(self, x):
+        xhat = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-6)
+        self.cache = (x, xhat)
+        return self.weight.data * xhat + self.bias.data
+
+    def backward(self, dout):
+        x, xhat = self._take_cache()
+        self.weight.grad += (dout * xhat).reshape(-1, x.shape[-1]).sum(0)
+        self.bias.grad += dout.reshape(-1, x.shape[-1]).sum(0)
+        g = dout * self.weight.data
+        gx = (g * xhat).mean(-1, keepdims=True)
+        return (g - g.mean(-1, keepdims=True) - xhat * gx) / x.std(-1, keepdims=True)
+
+
+def test_a_backward_wrong_by_less_than_a_bound_on_ls_rounding_fails():
+    """dx 3e-6 off (8e-7 of it): within 16 eps sum|dout y| / h (1.5e-5 here), a bound on
+    the rounding of L tried as the allowance, but 12 times the rounding the differences
+    carry, measured (2.6e-7)."""
+    x = np.random.default_rng(1).standard_normal((2, 17, 32))
+    report = gradient_check(LayerNormWithoutEps(32), x, repair=0)
+    tensor = report["input"]
+    assert not tensor.passed(report.tol) and not tensor.within_noise()
+    assert 5e-7 < tensor.rel_err < 1e-6 and tensor.noise < 1e-6
+    assert report["weight"].passed(report.tol) and report["bias"].passed(report.tol)
+
+
 def test_given_gradients_carry_no_rounding_allowance():
     x = np.random.default_rng(0).standard_normal((4, 5))
     report = gradient_check(Scale(), x, repair=0, expected={"input": 2e-6 * np.ones_like(x)})
