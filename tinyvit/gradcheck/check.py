@@ -18,7 +18,10 @@ The error reported for each tensor is the max-norm relative error
 
 i.e. the worst entry's error relative to the tensor's scale (an entry-by-entry
 ratio would blow up on entries that are legitimately near zero); ``where`` is
-the index of that worst entry. A second backward, without ``zero_grad``, must
+the index of that worst entry. A tensor over ``tol`` is measured again before it
+fails (``measured``): Richardson's extrapolation takes the truncation away, and a
+difference within the rounding its differences carry, itself measured, passes where
+the two agree to 1e-4. A second backward, without ``zero_grad``, must
 double every parameter's gradient: gradients accumulate (``+=``), so that the
 gradients of residual branches and shared layers add up. When a tensor fails
 either, edits of the backward's code are searched for the fix (``repair.py``), and
