@@ -13,11 +13,14 @@ from tinyvit.nn.module import Module, Parameter
 TINY = dict(embed_dim=3, num_heads=1, depth=2, image_size=6, patch_size=3, pool="mean")
 
 
-def tiny_model_check(seed, **options):
-    """The check of a right ViT with 3 channels (a LayerNorm of 3 entries bends sharply)."""
+def tiny_model(seed):
+    """A right ViT with 3 channels (a LayerNorm of 3 entries bends sharply), and its input."""
     model = create_model("mnist", seed=seed, dtype="float64", **TINY)
-    x = np.random.default_rng(seed).standard_normal((2, 1, 6, 6))
-    return gradient_check(model, x, repair=0, **options)
+    return model, np.random.default_rng(seed).standard_normal((2, 1, 6, 6))
+
+
+def tiny_model_check(seed, **options):
+    return gradient_check(*tiny_model(seed), repair=0, **options)
 
 
 def test_truncation_beyond_the_tolerance_is_refined_away():
@@ -32,8 +35,7 @@ def test_truncation_beyond_the_tolerance_is_refined_away():
 
 def class_token_gradients(seed):
     """(the backward's, D(h)'s) gradient of the class token of ``tiny_model_check``'s model."""
-    model = create_model("mnist", seed=seed, dtype="float64", **TINY)
-    x = np.random.default_rng(seed).standard_normal((2, 1, 6, 6))
+    model, x = tiny_model(seed)
     dout = rng((0, check.DOUT_STREAM)).standard_normal((2, 10))  # the check's, at its seed 0
     model.zero_grad()
     model.forward(x)

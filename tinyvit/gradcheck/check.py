@@ -35,7 +35,7 @@ import math
 from ..backend import get_backend, is_array, xp
 from ..backend import rng as device_rng
 from .diagnose import Context, diagnose
-from .repair import BUDGET, ROUNDED_AGREEMENT, Probe, search
+from .repair import BUDGET, Probe, search, within_rounding
 from .report import GradCheckReport
 
 DOUT_STREAM = 1  # dout is drawn from rng((seed, DOUT_STREAM))
@@ -61,8 +61,8 @@ class TensorCheck:
     noise: float = 0.0  # the error the numeric gradient may carry from rounding (absolute)
 
     def passed(self, tol):
-        return self.problem is None and self.accumulates and (
-            self.rel_err <= tol or (self.within_noise() and self.rel_err <= ROUNDED_AGREEMENT))
+        rounded = within_rounding(abs(self.analytic - self.numeric), self.rel_err, self.noise)
+        return self.problem is None and self.accumulates and (self.rel_err <= tol or rounded)
 
     def within_noise(self):
         """Whether the worst difference is one the numeric gradient's rounding can make:
@@ -85,8 +85,8 @@ def gradient_check(module, x, *args, h=1e-5, seed=0, before_forward=None, wrt_in
     makes every gradient right, for at most ``repair`` seconds (0: no search;
     ``repair.py``). Returns a ``GradCheckReport``: a tensor passes when its relative
     error is at most ``tol``, or where its worst difference is within the rounding its
-    numeric gradient was measured to carry and the two agree to ``ROUNDED_AGREEMENT``
-    (``measured``); call ``.assert_ok()`` on it in tests.
+    numeric gradient was measured to carry (``measured``) and the two agree to 1e-4
+    (``repair.within_rounding``); call ``.assert_ok()`` on it in tests.
     """
     if x.dtype != xp.float64 or any(p.data.dtype != xp.float64 for p in module.parameters()):
         raise ValueError("gradient_check: the input and the parameters must be float64")
@@ -148,7 +148,7 @@ def measured(name, analytic, loss, value, h, tol):
     twice, four_times = (numeric_gradient(loss, value, k * h) for k in (2, 4))
     refined = (4 * numeric - twice) / 3
     noise = ROUNDING * float(xp.abs(refined - (4 * twice - four_times) / 3).max())
-    first, second = (compare(name, analytic, g, noise) for g in (numeric, refined))
+    first, second = dataclasses.replace(check, noise=noise), compare(name, analytic, refined, noise)
     return (refined, second) if second.rel_err < first.rel_err else (numeric, first)
 
 

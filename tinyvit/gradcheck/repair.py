@@ -43,6 +43,12 @@ BUDGET = 2.0  # seconds of search for one backward
 # (relative) to count as one: a gradient wrong by a factor, however small, is not passed on the
 # rounding's account
 ROUNDED_AGREEMENT = 1e-4
+
+
+def within_rounding(diff, error, noise):
+    """Whether a worst difference ``diff`` (``error`` relative) is one the expected
+    gradient's rounding, ``noise``, can make, the two agreeing to ``ROUNDED_AGREEMENT``."""
+    return diff <= noise and error <= ROUNDED_AGREEMENT
 UPSTREAM = "the upstream gradient"  # what a backward must leave as it came
 OUTPUT = "the forward's output"  # and this too
 CLOSER = math.log(1.5)  # an edit that shrinks the error this much (in log) is promising
@@ -149,8 +155,8 @@ FAILS = Outcome({}, math.inf, doubled=False)  # a gradient missing, misshapen or
 def measure(grads, expected, noise=None):
     """The ``Outcome`` of ``grads`` against ``expected`` ({name: array}); None when a
     gradient is missing, of another shape or dtype, or not finite. ``noise`` ({name:
-    float}): the error an expected gradient may carry; a difference within it, where the
-    two agree to ``ROUNDED_AGREEMENT``, counts as none (as ``TensorCheck.passed``)."""
+    float}): the error an expected gradient may carry; a difference ``within_rounding``
+    counts as none (as in ``TensorCheck.passed``)."""
     noise = noise or {}
     errors, distance = {}, 0.0
     for name, want in expected.items():
@@ -163,8 +169,7 @@ def measure(grads, expected, noise=None):
         top = float(xp.abs(want).max()) if want.size else 0.0
         larger = max(top, float(xp.abs(got).max()) if got.size else 0.0)
         error = diff / larger if larger > 0 else 0.0
-        rounded = diff <= noise.get(name, 0.0) and error <= ROUNDED_AGREEMENT
-        errors[name] = 0.0 if rounded else error
+        errors[name] = 0.0 if within_rounding(diff, error, noise.get(name, 0.0)) else error
         distance += math.log(max(diff / top if top > 0 else diff, 1e-12))
     return Outcome(errors, distance)
 
