@@ -103,9 +103,11 @@ class GradCheckReport:
                 measured = (f"rel_err {c.rel_err:.1e}  worst {c.where}: {c.analytic:.6g} vs "
                             f"{c.numeric:.6g}") if c.problem is None else "not compared"
                 if c.problem is None and c.rel_err > self.tol and c.within_noise():
-                    too_small = "" if c.passed(self.tol) else "; too small to measure here"
+                    untold = "" if c.passed(self.tol) else (
+                        "; the differences cannot tell it right or wrong here (a large output "
+                        "over a small gradient?)")
                     measured += (f", {abs(c.analytic - c.numeric):.1e} apart, within the "
-                                 f"rounding of the differences ({c.noise:.1e}){too_small}")
+                                 f"rounding of the differences ({c.noise:.1e}){untold}")
                 lines.append(f"  {result}  {name:<14}{str(c.shape):<14}{measured}")
                 lines += [f"        {finding}" for finding in c.findings]
         lines += self._repair()
