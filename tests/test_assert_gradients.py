@@ -59,4 +59,5 @@ def test_a_wrong_layer_fails_with_the_report_and_the_diagnosis(tmp_path):
     assert result.returncode == 1, result.stdout + result.stderr
     assert "gradient check failed" in result.stdout
     assert "FAIL  input" in result.stdout and "PASS  weight" in result.stdout
-    assert "computed/expected = 2 everywhere: added 2 times" in result.stdout
+    assert ("computed/expected = 2 everywhere: a factor of 2 too many: a value added 2 times, "
+            "or a 1/2 left out\n") in result.stdout

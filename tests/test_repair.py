@@ -23,7 +23,7 @@ from tinyvit.gradcheck.trace import trace
 from tinyvit.nn import functional, layers
 from tinyvit.nn.functional import softmax_backward
 from tinyvit.nn.loss import SoftmaxCrossEntropy
-from tinyvit.nn.module import Module
+from tinyvit.nn.module import Module, Parameter
 
 xp = B.xp
 HERE = Path(__file__).name
@@ -133,6 +133,44 @@ class ProductRuleSwish(Module):
         return dout * x * ds  # d(x s) = s + x s': the first term forgotten
 
 
+class Gate(Module):
+    """y = x sigmoid(x W), its methods calling the layer ``this``: Python binds the
+    first parameter to the instance whatever its name."""
+
+    def __init__(this, dim):
+        super().__init__()
+        this.w = Parameter(randn(dim, dim, seed=5))
+
+    def forward(this, x):
+        g = 1 / (1 + xp.exp(-(x @ this.w.data)))
+        this.cache = (x, g)
+        return x * g
+
+    def backward(this, dout):
+        x, g = this._take_cache()
+        dz = dout * x * g * (1 - g)
+        this.w.grad += x.T @ dz
+        return dout * g + dz @ this.w.data  # W where W^T is meant
+
+
+class RootScaled(Module):
+    """y = tanh(x W / sqrt(D)), the backward forgetting the scale on dx's way."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.w = Parameter(randn(dim, dim, seed=6))
+
+    def forward(self, x):
+        self.cache = x
+        return xp.tanh(x @ self.w.data / xp.sqrt(x.shape[-1]))
+
+    def backward(self, dout):
+        x = self._take_cache()
+        dz = dout * (1 - xp.tanh(x @ self.w.data / xp.sqrt(x.shape[-1])) ** 2)
+        self.w.grad += x.T @ dz / xp.sqrt(x.shape[-1])
+        return dz @ self.w.data.T
+
+
 class RenormalizingCrossEntropy(SoftmaxCrossEntropy):
     def backward(self, dout=1.0):
         log_probs, t = self._take_cache()
@@ -194,6 +232,45 @@ def test_the_product_rules_forgotten_term_is_found_in_a_layer_without_a_referenc
         "     -> return dout * x * ds + dout * s  # d(x s) = s + x s': the first term forgotten",
         "  the product rule's other term, dout * s, was missing: d(u v) = du v + u dv, and x * "
         "ds is one of its two terms alone"]
+
+
+def fix_lines(report):
+    """The lines of a report's fix: where, the line as written, the edit, and why."""
+    text = str(report).splitlines()
+    head = next(i for i, t in enumerate(text) if t.startswith("the fix, found by trying "))
+    return text[head + 1:head + 5]
+
+
+def test_a_layer_that_calls_itself_another_name_than_self_is_searched_the_same():
+    with B.default_dtype("float64"):
+        report = gradient_check(Gate(4), randn(3, 4))
+    line = line_of(Gate.backward, "return dout * g")
+    assert fix_lines(report) == [
+        f"  line {line} of tests/{HERE} (Gate.backward):",
+        "        return dout * g + dz @ this.w.data  # W where W^T is meant",
+        "     -> return dout * g + dz @ this.w.data.T  # W where W^T is meant",
+        "  by the matmul rule, Y = X Z gives dX = dY Z^T and dZ = X^T dY"]
+
+
+def test_the_layer_a_function_runs_as_a_method_of_is_its_first_parameter_by_any_name():
+    with B.default_dtype("float64"):
+        _, gate = scope(Gate.backward, Gate(4), randn(3, 4))
+        _, softmax = scope(softmax_backward, jitter(ScaledLinear(5, 4, rng=B.host_rng(0))),
+                           randn(3, 5))
+    assert (gate.me, gate.inputs, gate.parameters) == ("this", ("dout", "x", "g"), ("w",))
+    assert (softmax.me, softmax.selves) == (None, ())
+
+
+def test_a_scale_left_out_is_put_back_as_the_code_computes_it_not_as_its_value_here():
+    # at D = 4 the scale is 1/2: "/ 2" would fix this shape alone
+    with B.default_dtype("float64"):
+        report = gradient_check(RootScaled(4), randn(3, 4))
+    assert report["input"].findings == [
+        "computed/expected = 2 everywhere: a factor of 2 too many: a value added 2 times, or "
+        "a 1/2 left out (1/sqrt(4): the input has 4 values along some axes)"]
+    assert fix_lines(report)[1:3] == [
+        "        return dz @ self.w.data.T",
+        "     -> return dz @ self.w.data.T / xp.sqrt(x.shape[-1])"]
 
 
 def test_a_whole_arrays_sum_meant_per_row_gets_its_axis_and_keepdims_in_one_edit():

@@ -309,7 +309,8 @@ def _order_reason(edit):
     if edit.detail.get("what") == "branches":
         return "the two branches of the if in each other's place"
     if edit.detail.get("what") == "layers":
-        return (f"self.{edit.detail['second']} and self.{edit.detail['first']} in each other's "
+        me = edit.scope.me
+        return (f"{me}.{edit.detail['second']} and {me}.{edit.detail['first']} in each other's "
                 "place: the backward passes run in the reverse order of the forward's layers")
     if edit.detail.get("what") == "reversed":
         return "a backward calls its layers' backward passes in the reverse order of the forward"
@@ -351,8 +352,8 @@ REASONS = {
         f"{edit.detail['name']}" if edit.detail.get("how") == "kept" else
         "the value of this call was thrown away; it is a share of the gradient: a value used "
         "twice collects both gradients"),
-    "backward": lambda edit: (f"self.{edit.detail['layer']}'s forward ran, so its backward "
-                              "must run too: the gradient passes through it"),
+    "backward": lambda edit: (f"{edit.scope.me}.{edit.detail['layer']}'s forward ran, "
+                              "so its backward must run too: the gradient passes through it"),
     "call": lambda edit: (f"{edit.detail['function']} applied, as the forward applies it"
                           if edit.detail["what"] == "applied" else
                           f"{edit.detail['function']} is not applied here"),
@@ -363,8 +364,8 @@ REASONS = {
     "reference": lambda edit: f"{edit.detail['term']} is what tinyvit's own backward computes here",
     "copy": lambda edit: ("an array of its own: changed in place, a name shared with another "
                           "(the upstream gradient, a cached value) changes that one too"),
-    "guard": lambda edit: (f"self.{edit.detail['attribute']} is None in a layer without it: "
-                           "its gradient is there only when the parameter is"),
+    "guard": lambda edit: (f"{edit.scope.me}.{edit.detail['attribute']} is None in a "
+                           "layer without it: its gradient is there only when the parameter is"),
 }
 
 

@@ -177,7 +177,10 @@ def read_ratio(ratio, head_dim=None, rows=None, named=(), counts=()):
             if math.isclose(ratio, factor, rel_tol=1e-6):
                 return f"{ratio:.6g} = {text}", f"a factor of {text} too many (or missing)"
     if times >= 2 and times in counted and math.isclose(ratio, times, rel_tol=1e-6):
-        return f"{times}", f"added {times} times"
+        root = (f" (1/sqrt({times ** 2}): the input has {times ** 2} values along some axes)"
+                if times ** 2 in counts else "")
+        return f"{times}", (f"a factor of {times} too many: a value added {times} times, or a "
+                            f"1/{times} left out{root}")
     fraction = fractions.Fraction(ratio).limit_denominator(SMALL)
     if abs(fraction.numerator) <= SMALL and math.isclose(ratio, fraction, rel_tol=1e-6):
         return f"{fraction}", "a constant factor is wrong"

@@ -111,7 +111,8 @@ def put(slot, node):
 @dataclasses.dataclass
 class Scope:
     """What the trace says about a function: at each line, the local names and what they
-    held (``names(line)``: {name: [values]}); the numbers among ``self``'s attributes; the
+    held (``names(line)``: {name: [values]}); the layer it is a method of, by name
+    (``me``); the numbers among ``self``'s attributes; the
     layers below ``self`` whose backward ran in the forward's cache but is never called
     here; subexpressions of other code (the reference's) offered as terms."""
 
@@ -120,6 +121,7 @@ class Scope:
     uncalled: tuple = ()  # attribute names of layers whose backward the code never calls
     terms: tuple = ()  # expression nodes from elsewhere, offered as terms to add
     selves: tuple = ()  # the layers the function ran as a method of
+    me: str = None  # the parameter they came in as (``self`` by custom, any name by Python)
     parameters: tuple = ()  # the attribute names of ``self``'s parameters
     factors: frozenset = frozenset()  # what the layer's code multiplies or divides by
     inputs: tuple = ()  # the names the function is given: its arguments, its cache's items
@@ -271,9 +273,9 @@ def size_node(name, axis, like):
     return located(ast.Subscript(value=shape, slice=number_node(axis, like), ctx=ast.Load()), like)
 
 
-def self_node(like, *attributes):
-    """self.a.b... as a node."""
-    node = ast.Name(id="self", ctx=ast.Load())
+def attribute_node(owner, like, *attributes):
+    """owner.a.b... as a node (``self.weight.data``), located as ``like``."""
+    node = ast.Name(id=owner, ctx=ast.Load())
     for attribute in attributes:
         node = ast.Attribute(value=node, attr=attribute, ctx=ast.Load())
     return located(node, like)

@@ -45,6 +45,7 @@ from ..backend import is_array
 from .edits import (
     Edit,
     ListHolder,
+    attribute_node,
     axes_node,
     axes_value,
     constant,
@@ -53,7 +54,6 @@ from .edits import (
     name_node,
     names_in,
     number_node,
-    self_node,
     size_node,
     slot_value,
     statements,
@@ -163,6 +163,7 @@ class _Proposer:
     def __init__(self, source, scope, statement, found, holders):
         self.source, self.scope, self.statement, self.found = source, scope, statement, found
         self.holders = holders
+        self.me = scope.me  # the name of the layer it is a method of: self, by custom
         self.line = statement.lineno
 
     def at(self, body, index):
@@ -241,10 +242,9 @@ class _Proposer:
         without bias), kept for the layers that have it."""
         s = self.statement
         for node in ast.walk(s):
-            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and \
-                    node.value.id == "self" and any(getattr(layer, node.attr, 0) is None
-                                                    for layer in self.scope.selves):
-                test = ast.Compare(left=self_node(s, node.attr), ops=[ast.IsNot()],
+            if isinstance(node, ast.Attribute) and _is_name(node.value, self.me) and any(
+                    getattr(layer, node.attr, 0) is None for layer in self.scope.selves):
+                test = ast.Compare(left=attribute_node(self.me, s, node.attr), ops=[ast.IsNot()],
                                    comparators=[ast.Constant(value=None)])
                 self.add("guard", self.at(body, index), located(ast.If(
                     test=test, body=[s], orelse=[]), s), attribute=node.attr)
@@ -253,10 +253,10 @@ class _Proposer:
     def _swapped_layers(self, body, index):
         """Two layers' backward passes called in each other's place (self.proj for
         self.proj_drop): their names swapped between two statements, or in one."""
-        here = _layer_calls(self.statement)
+        here = _layer_calls(self.statement, self.me)
         for later in body[index:]:
             for first in here:
-                for second in _layer_calls(later):
+                for second in _layer_calls(later, self.me):
                     if first is second or first.attr == second.attr:
                         continue
                     self.add("order", [(first, "attr", None), (second, "attr", None)],
@@ -394,7 +394,7 @@ class _Proposer:
         while isinstance(node, ast.Attribute):
             chain.append(node.attr)
             node = node.value
-        if not (isinstance(node, ast.Name) and node.id == "self"):
+        if not _is_name(node, self.me):
             return set()
         shapes = set()
         for value in self.scope.selves:
@@ -407,18 +407,37 @@ class _Proposer:
     def _evaluated_shapes(self, node):
         """The shapes ``node`` takes on the values each call held at this line, where it
         only reads names and computes on arrays (no call of a layer's or the user's)."""
-        if not _pure(node):
-            return set()
-        code = compile(ast.fix_missing_locations(ast.Expression(body=node)), "<shape>", "eval")
-        shapes = set()
+        return {tuple(value.shape) for value in self._evaluated(node) if is_array(value)}
+
+    def _evaluated(self, node):
+        """The values ``node`` takes on the values each call held at this line (those it
+        could be computed on), where it is ``_pure``; else none."""
+        if not _pure(node, self.me):
+            return []
+        code = compile(ast.fix_missing_locations(ast.Expression(body=node)), "<value>", "eval")
+        found = []
         for values in _scopes(self.scope, self.line):
             try:
-                value = eval(code, dict(self.source.function.__globals__), values)
+                found.append(eval(code, dict(self.source.function.__globals__), values))
             except Exception:
                 continue
-            if is_array(value):
-                shapes.add(tuple(value.shape))
-        return shapes
+        return found
+
+    def _numbers_called(self, like):
+        """The calls the layer's code multiplies or divides by somewhere (the forward's
+        ``np.sqrt(x.shape[-1])``) that compute one number from what is known here, on every
+        call: a scale the backward may have left out, offered as it is written rather than
+        as its value (which would fit this shape alone)."""
+        found = []
+        for text in sorted(self.scope.factors):
+            node = _unlocated(ast.parse(text, mode="eval").body)
+            if not (isinstance(node, ast.Call) and self.known(node)):
+                continue
+            values = self._evaluated(node)
+            if values and all(isinstance(v, (int, float)) or (is_array(v) and v.ndim == 0)
+                              for v in values):
+                found.append(located(node, like))
+        return found
 
     def _names(self, node, slot):
         arrays = self.scope.shapes(self.line)
@@ -437,7 +456,7 @@ class _Proposer:
                     self.add("index", slot, located(widened, node), extra=0.5, what="axis")
             if _argument_of_backward(slot):  # self.fc2.backward(self.drop2.backward(dout))
                 for layer in self.scope.uncalled:
-                    self.add("backward", slot, _backward_call(layer, node), layer=layer)
+                    self.add("backward", slot, _backward_call(self.me, layer, node), layer=layer)
             if isinstance(slot[0], (ast.Attribute, ast.Call, ast.Subscript)):
                 for other, shapes in arrays.items():  # (dout * xhat).sum() for dout.sum()
                     if other != node.id and shapes & arrays[node.id]:
@@ -485,7 +504,7 @@ class _Proposer:
     def _attributes(self, node, slot):
         """self.head_dim for self.num_heads, self.stride for self.kernel_size: another
         attribute of self of the same kind (a number, a pair)."""
-        if not (isinstance(node.value, ast.Name) and node.value.id == "self"):
+        if not _is_name(node.value, self.me):
             return
         for layer in self.scope.selves[:1]:
             value = getattr(layer, node.attr, None)
@@ -494,8 +513,8 @@ class _Proposer:
                 return
             for other, held in vars(layer).items():
                 if other != node.attr and not other.startswith("_") and _kind_of(held) == kind:
-                    self.add("name", slot, self_node(node, other), extra=0.5,
-                             was=f"self.{node.attr}", now=f"self.{other}")
+                    self.add("name", slot, attribute_node(self.me, node, other), extra=0.5,
+                             was=f"{self.me}.{node.attr}", now=f"{self.me}.{other}")
 
     def _sizes(self, node, slot):
         """A size written as x.shape[i] replaced by a number in scope (V for dout.shape[0])."""
@@ -685,7 +704,7 @@ class _Proposer:
                                                       node), extra=extra, what="added",
                              factor=factor, op=type(op).__name__)
         for layer in self.scope.uncalled:
-            call = _backward_call(layer, node)
+            call = _backward_call(self.me, layer, node)
             self.add("backward", slot, call, layer=layer)
             self.add("backward", slot, located(ast.BinOp(left=node, op=ast.Add(), right=call),
                                                 node), extra=0.5, layer=layer)
@@ -745,12 +764,14 @@ class _Proposer:
         found += [located(ast.BinOp(left=ast.Name(id=name, ctx=ast.Load()), op=ast.Sub(),
                                      right=ast.Constant(value=1)), like)
                   for name, values in numbers.items() if all(isinstance(v, int) for v in values)]
-        found += [self_node(like, attribute) for attribute in self.scope.attributes]
+        found += [attribute_node(self.me, like, attribute) for attribute in self.scope.attributes]
+        found += self._numbers_called(like)
         found += [number_node(2, like), number_node(3, like)]
         found += [size_node(name, axis, like) for name in self.scope.inputs
                   if name in self.scope.arrays(line) for axis in (0, -1)]
         arrays = [name_node(name, like) for name in self.scope.arrays(line)]
-        arrays += [self_node(like, attribute, "data") for attribute in self.scope.parameters]
+        arrays += [attribute_node(self.me, like, attribute, "data")
+                   for attribute in self.scope.parameters]
         own = {ast.unparse(n) for n in ast.walk(self.source.tree)}
         theirs = [copy.deepcopy(t) for t in self.scope.products if ast.unparse(t) not in own
                   and self.known(t)]  # the reference's, where the code has no such factor
@@ -787,7 +808,7 @@ class _Proposer:
 
     @functools.cached_property
     def bound(self):
-        return set(self.scope.names(self.line)) | {"self"} | set(
+        return set(self.scope.names(self.line)) | {self.me} | set(
             self.source.function.__globals__) | set(dir(builtins))
 
     def reference(self, node, slot):
@@ -948,14 +969,14 @@ def factors_in(trees):
     return frozenset(found)
 
 
-def _pure(node):
+def _pure(node, me):
     """Whether an expression only reads names and computes on arrays: arithmetic,
-    subscripts, attributes, and calls of array methods or of xp."""
+    subscripts, attributes, and calls of array methods or of xp (not of the layer
+    ``me`` names, or of its layers)."""
     for inner in ast.walk(node):
         if isinstance(inner, ast.Call):
             func = inner.func
-            if not isinstance(func, ast.Attribute) or (
-                    isinstance(func.value, ast.Name) and func.value.id == "self"):
+            if not isinstance(func, ast.Attribute) or _is_name(func.value, me):
                 return False
             if isinstance(func.value, ast.Attribute):  # self.layer.method(...)
                 return False
@@ -963,6 +984,15 @@ def _pure(node):
                                     ast.keyword, ast.cmpop)):
             return False
     return True
+
+
+def _unlocated(node):
+    """``node`` with no positions (a node parsed from text, to be placed in the code)."""
+    for inner in ast.walk(node):
+        for field in ("lineno", "col_offset", "end_lineno", "end_col_offset"):
+            if hasattr(inner, field):
+                delattr(inner, field)
+    return node
 
 
 def _scopes(scope, line):
@@ -1013,14 +1043,20 @@ def _kind_of(value):
     return None
 
 
-def _layer_calls(statement):
-    """The ``self.<layer>`` nodes of the layers' backward passes a statement calls."""
+def _is_name(node, name):
+    """Whether ``node`` is the name ``name`` (None: no name is)."""
+    return isinstance(node, ast.Name) and name is not None and node.id == name
+
+
+def _layer_calls(statement, me):
+    """The ``self.<layer>`` nodes (``me`` for self) of the layers' backward passes a
+    statement calls."""
     if isinstance(statement, (ast.For, ast.If, ast.While, ast.With)):
         return []
     return [n.func.value for n in ast.walk(statement) if isinstance(n, ast.Call)
             and isinstance(n.func, ast.Attribute) and n.func.attr == "backward"
             and isinstance(n.func.value, ast.Attribute)
-            and isinstance(n.func.value.value, ast.Name) and n.func.value.value.id == "self"]
+            and _is_name(n.func.value.value, me)]
 
 
 def _argument_of_backward(slot):
@@ -1030,8 +1066,8 @@ def _argument_of_backward(slot):
         parent.func, ast.Attribute) and parent.func.attr == "backward")
 
 
-def _backward_call(layer, argument):
-    func = ast.Attribute(value=ast.Attribute(value=ast.Name(id="self", ctx=ast.Load()),
-                                             attr=layer, ctx=ast.Load()),
-                         attr="backward", ctx=ast.Load())
+def _backward_call(me, layer, argument):
+    """self.<layer>.backward(argument), ``me`` for self."""
+    func = ast.Attribute(value=attribute_node(me, argument, layer), attr="backward",
+                         ctx=ast.Load())
     return located(ast.Call(func=func, args=[argument], keywords=[]), argument)

@@ -33,7 +33,7 @@ import numpy as np  # its floating-point warnings, silenced for candidates (CuPy
 
 from ..backend import is_array, xp
 from ..nn.module import Module, Parameter
-from .edits import Scope, statements, takes_cache, term_nodes
+from .edits import Scope, names_in, statements, takes_cache, term_nodes
 from .error_model import edits, factors_in
 from .source import NotEditable, Source
 from .trace import called, in_tinyvit, trace
@@ -428,16 +428,19 @@ def scope_of(recorded, source, pending, reference=None):
                     if isinstance(value, Module) and id(value) in pending]
     parameters = [name for name, value in vars(selves[0]).items()
                   if isinstance(value, Parameter)] if selves else []
+    positional = _positional(source.tree)
+    me = positional[0] if selves and positional else None  # what it calls its layer
     terms, right, sums, products = (), frozenset(), (), ()
-    if reference is not None:
+    if reference is not None:  # its parameters named as this code names them
+        reference = _renamed(reference, positional)
         terms = tuple(n for n in ast.walk(reference) if isinstance(
             n, (ast.Call, ast.BinOp, ast.Subscript)) and not takes_cache(n))
         right = frozenset(ast.unparse(n) for n in ast.walk(reference) if isinstance(n, ast.stmt))
         sums = tuple(n for _, n in term_nodes(reference) if not isinstance(n, ast.Name))
         products = _factors_of(reference)
     return Scope(lambda line: recorded.scope(source.code, line), attributes, tuple(uncalled),
-                 terms, tuple(selves), tuple(parameters),
-                 factors_in([source.tree, *_class_trees(selves[:1])]), _inputs(source.tree),
+                 terms, tuple(selves), me, tuple(parameters),
+                 factors_in([source.tree, *_class_trees(selves[:1])]), _inputs(source.tree, me),
                  right, sums, products)
 
 
@@ -459,9 +462,31 @@ def _factors_of(tree):
     return tuple(found)
 
 
-def _inputs(tree):
-    """The names a function is given: its arguments, and what it unpacks from its cache."""
-    names = [a.arg for a in tree.args.args + tree.args.kwonlyargs if a.arg != "self"]
+def _positional(tree):
+    """The names of a def's positional parameters."""
+    return [a.arg for a in tree.args.posonlyargs + tree.args.args]
+
+
+def _renamed(tree, names):
+    """``tree``, or where its positional parameters are as many as ``names`` and named
+    otherwise, a copy that calls them by ``names`` (a reference's ``self, dout`` as the
+    code's ``this, grad``)."""
+    own = _positional(tree)
+    if len(own) != len(names) or own == names or set(names) & (names_in(tree) - set(own)):
+        return tree  # (a name the tree uses for something else is not given to a parameter)
+    renames = dict(zip(own, names))
+    tree = copy.deepcopy(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id in renames:
+            node.id = renames[node.id]
+    return tree
+
+
+def _inputs(tree, me):
+    """The names a function is given: its arguments (``me``, its layer, aside), and what
+    it unpacks from its cache."""
+    names = [a.arg for a in tree.args.posonlyargs + tree.args.args + tree.args.kwonlyargs
+             if a.arg != me]
     for node in ast.walk(tree):
         if isinstance(node, ast.Assign) and takes_cache(node.value):
             for target in node.targets:

@@ -108,6 +108,13 @@ class Source:
         return [self.line(n) for n in range(statement.lineno, statement.end_lineno + 1)]
 
 
+def instance_of(frame):
+    """What a frame's function got as its first positional argument (a method's
+    instance, whatever the parameter is called), or None where it takes none."""
+    code = frame.f_code
+    return frame.f_locals.get(code.co_varnames[0]) if code.co_argcount else None
+
+
 def function_of(code, frame_self=None, frame_globals=None):
     """The function object that runs ``code``: a method found on ``type(frame_self)``'s
     classes, or a function of the module whose globals the frame has; None if not found."""

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..backend import is_array
 from ..nn.module import Module
-from .source import NotEditable, Source, function_of
+from .source import NotEditable, Source, function_of, instance_of
 
 PACKAGE = Path(__file__).resolve().parents[1]  # tinyvit/
 # tinyvit's files whose functions are math a backward runs (the rest is plumbing: the
@@ -172,7 +172,7 @@ def trace(run, own_only=False):
         code = frame.f_code
         if code not in editable:
             editable[code] = editable_code(code, own_only)
-        owner = frame.f_locals.get("self")
+        owner = instance_of(frame)
         root = isinstance(owner, Module) and "backward" in code.co_name
         if not (root or (stack and stack[-1][2])):
             return None  # a layer's backward, or a function one of them calls: no deeper
