@@ -261,6 +261,22 @@ def test_the_layer_a_function_runs_as_a_method_of_is_its_first_parameter_by_any_
     assert (softmax.me, softmax.selves) == (None, ())
 
 
+def right_gate_backward(self, dout):
+    """Gate's backward as a reference writes it: its layer called self."""
+    x, g = self._take_cache()
+    dz = dout * x * g * (1 - g)
+    self.w.grad += x.T @ dz
+    return dout * g + dz @ self.w.data.T
+
+
+def test_a_references_expressions_are_offered_with_its_parameters_named_as_the_codes():
+    with B.default_dtype("float64"):
+        _, gate = scope(Gate.backward, Gate(4), randn(3, 4),
+                        reference=Source(right_gate_backward).tree)
+    assert "dz @ this.w.data.T" in {ast.unparse(term) for term in gate.terms}
+    assert "this.w.grad += x.T @ dz" in gate.right
+
+
 def test_a_scale_left_out_is_put_back_as_the_code_computes_it_not_as_its_value_here():
     # at D = 4 the scale is 1/2: "/ 2" would fix this shape alone
     with B.default_dtype("float64"):
