@@ -911,6 +911,23 @@ def test_cpu_attention_with_dropout_equals_reference(cls, dtype):
         assert rel_err(ours, theirs) <= TOLERANCE[dtype]
 
 
+@pytest.mark.parametrize("keep", [False, True])
+def test_cpu_attention_in_eval_equals_reference_with_or_without_its_maps(keep):
+    """In eval without the maps kept, each block of images has its weights in an array of
+    its own (none of the batch's is written): 16 images of 65 tokens are 3 blocks."""
+    made = [jitter(layers.Attention(16, 2, rng=B.host_rng(0))) for _ in range(2)]
+    ours, theirs = fast.accelerate(made[0]), made[1]
+    for layer in (ours, theirs):
+        layer.eval()
+        layer.keep_attn = keep
+    x = randn(16, 65, 16)
+    assert rel_err(ours.forward(x), theirs.forward(x)) <= TOLERANCE[np.float64]
+    if keep:
+        assert rel_err(ours.attn, theirs.attn) <= TOLERANCE[np.float64]
+    else:
+        assert ours.attn is None and ours.cache is None
+
+
 @pytest.mark.parametrize("dropout", [0.0, 0.25])
 def test_cpu_attention_output_merges_its_heads_without_a_copy(dropout):
     """Without attention dropout A v is written in the layout of the heads side by side,

@@ -34,21 +34,28 @@ class FastAttentionCore(FastKernel):
 
     def attend(self, q, k, v):
         B, NH, Q, Dh = q.shape
-        A = xp.empty((B, NH, Q, k.shape[2]), dtype=q.dtype)
+        N = k.shape[2]
         # ctx in the heads-side-by-side layout merge_heads wants: its reshape copies nothing
         ctx = xp.empty((B, Q, NH, Dh), dtype=q.dtype).transpose(0, 2, 1, 3)  # (B, NH, Q, Dh)
         fused = not self.dropping()
+        # the weights A of the whole batch where something reads them later (the backward,
+        # dropout, the maps kept); else each block's in an array of its own, which stays in
+        # the cache: inference writes no (B, NH, Q, N) array to memory
+        kept = self.training or self.keep_attn or not fused
+        A = xp.empty((B if kept else 0, NH, Q, N), dtype=q.dtype)
 
-        def scores(q, k, v, A, ctx):  # one block of images
-            b, _, N, _ = k.shape
+        def scores(q, k, v, ctx, A=None):  # one block of images
+            b = len(k)
             kT = xp.empty((b, NH, Dh, N), dtype=k.dtype)  # k^T / sqrt(Dh), contiguous
             xp.multiply(k.transpose(0, 1, 3, 2), self.scale, out=kT)
-            xp.matmul(q, kT, out=A)
+            A = xp.matmul(q, kT, out=A)  # (b, NH, Q, N)
             cpu_numba.softmax_block(A)
             if fused:
                 xp.matmul(A, v, out=ctx)
 
-        each_block(scores, q, k, v, A, ctx, block_bytes=ATTENTION_BLOCK_BYTES)
+        arrays = (q, k, v, ctx, A) if kept else (q, k, v, ctx)
+        images = max(1, ATTENTION_BLOCK_BYTES // (NH * Q * N * q.itemsize))  # scores in L2
+        each_block(scores, *arrays, block_bytes=images * max(a[:1].nbytes for a in arrays))
         self.attn = A if self.keep_attn else None
         Ad = A if fused else self.attn_drop.forward(A)
         self.cache = (q, k, v, A, Ad) if self.training else None
