@@ -18,7 +18,8 @@ contract, and overrides only what it does faster. What makes each faster:
 - ``Attention`` (``cpu_attention.py``): per block of images, the scores, their
   softmax and A v one after the other while the scores are in the cache (and back),
   the scale folded into k^T's copy and the softmax's backward, A v written where
-  ``merge_heads`` wants it, the gradients of q, k and v straight into dqkv;
+  ``merge_heads`` wants it, the gradients of q, k and v straight into dqkv; in eval each
+  block's weights in an array of its own, the batch's never written;
 - ``Dropout``, ``AdamW``: the mask and the update in blocks;
 - ``Linear``: the bias added by MKL's product as it writes (``mkl.py``), its gradient summed
   by a matrix-vector product (``Conv2d``: ``cpu_conv.py``).
