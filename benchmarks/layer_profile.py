@@ -4,9 +4,12 @@
                                                                      # batch 256
     CUPY_TF32=1 python benchmarks/layer_profile.py --gpu             # the same on CuPy
     python benchmarks/layer_profile.py --recipe cifar10 --batch 128  # another train_mnist.py recipe
+    python benchmarks/layer_profile.py --config B                    # benchmark.py's config B
 
 The step is the trainer's own (``Trainer.step`` on batches from ``Batches`` with the
-recipe's augmentation and mixing), on random uint8 images, in one process. Every
+recipe's augmentation and mixing), on random uint8 images, in one process; with
+``--config``, the step ``benchmark.py`` times (``runners.py``: forward, loss, backward and
+AdamW on one fixed batch, batch 128 unless ``--batch`` says otherwise). Every
 forward and backward of the layer classes, the loss, the optimizer's update and each
 augmentation is wrapped with a timer; a call is charged its time minus that of the
 wrapped calls inside it (exclusive time), so the parts add up to the whole step.
@@ -29,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # train_mnist.py's RECIPES
 
 import train_mnist  # noqa: E402
+from runners import CONFIGS, RUNNER_NAMES, make_runner  # noqa: E402
 from tinyvit import allocator, backend, fast  # noqa: E402
 from tinyvit.data import augment, dataset_info  # noqa: E402
 from tinyvit.models import hybrid, vit  # noqa: E402
@@ -87,8 +91,11 @@ def timed_methods():
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--recipe", default="cifar10-gpu", choices=sorted(train_mnist.RECIPES))
-    p.add_argument("--batch", type=int, help="batch size (default: the recipe's)")
-    p.add_argument("--images", type=int, default=4096, help="random images per epoch")
+    p.add_argument("--config", choices=sorted(CONFIGS),
+                   help="benchmark.py's model and step in place of a recipe's")
+    p.add_argument("--batch", type=int, help="batch size (default: the recipe's, or 128)")
+    p.add_argument("--images", type=int, default=4096,
+                   help="random images per epoch (with --config: images / batch steps)")
     p.add_argument("--epochs", type=int, default=3, help="timed epochs, after one untimed")
     p.add_argument("--gpu", action="store_true", help="CuPy (else NumPy, in one process)")
     p.add_argument("--reference", action="store_true",
@@ -98,6 +105,45 @@ def parse_args(argv=None):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
     return args
+
+
+def recipe_step(args):
+    """(what runs, its optimizer, ``run(phase)``): the recipe's trainer over fresh batches,
+    one epoch in phase 0 (the warm-up), ``args.epochs`` in phases 1 and 2; ``run``
+    returns (steps, seconds)."""
+    trainer = make_trainer(args)
+    title = (f"recipe {args.recipe}: {trainer.model.num_parameters():,} parameters, "
+             f"batch {trainer.config.batch_size}")
+
+    def run(phase):  # batches made anew: a pipeline keeps the functions it was built from
+        first = 1 + (phase - 1) * args.epochs
+        epochs = [0] if phase == 0 else range(first, first + args.epochs)
+        return train(trainer, make_batches(trainer.config, args.images), epochs)
+
+    return title, trainer.model, trainer.optimizer, run
+
+
+def config_step(args):
+    """As ``recipe_step``, for benchmark.py's config ``args.config``: its runner's step on
+    its fixed batch, ``args.images // batch`` steps an epoch."""
+    backend.set_backend("cupy" if args.gpu else "numpy")
+    batch = args.batch or 128
+    runner = make_runner(RUNNER_NAMES["reference" if args.reference else "fast"],
+                         CONFIGS[args.config], batch, args.gpu)
+    runner.prepare_training()
+    runner.set_training(True)
+    title = f"config {args.config}: {runner.model.num_parameters():,} parameters, batch {batch}"
+
+    def run(phase):
+        steps = max(1, args.images // batch) * (1 if phase == 0 else args.epochs)
+        backend.synchronize()
+        start = time.perf_counter()
+        for _ in range(steps):
+            runner.train_step()
+        runner.final_loss()  # waits for the last step
+        return steps, time.perf_counter() - start
+
+    return title, runner.model, runner.optimizer, run
 
 
 def make_trainer(args):
@@ -134,13 +180,10 @@ def train(trainer, batches, epochs):
 def main(argv=None):
     args = parse_args(argv)
     allocator.keep_freed_memory()
-    trainer = make_trainer(args)
-    batches = make_batches(trainer.config, args.images)
-    print(f"recipe {args.recipe}: {trainer.model.num_parameters():,} parameters, "
-          f"batch {trainer.config.batch_size}, backend {backend.get_backend()}, "
-          f"{trainer.model.describe_tier()}")
-    train(trainer, batches, [0])  # warm-up: allocations, and on a GPU the kernels' compilation
-    steps, seconds = train(trainer, batches, range(1, 1 + args.epochs))
+    title, model, optimizer, run = (config_step if args.config else recipe_step)(args)
+    print(f"{title}, backend {backend.get_backend()}, {model.describe_tier()}")
+    run(0)  # warm-up: allocations, and on a GPU the kernels' compilation
+    steps, seconds = run(1)
     print(f"step without the timers: {1e3 * seconds / steps:.2f} ms ({steps} steps)")
 
     profile = Profile(backend.synchronize)
@@ -148,10 +191,8 @@ def main(argv=None):
         profile.wrap(owner, name, label)
     for name in AUGMENTATIONS:
         profile.wrap(augment, name, f"augment.{name}")
-    profile.wrap(trainer.optimizer, "update", f"{type(trainer.optimizer).__name__}.update")
-    # a pipeline keeps the functions it was built from
-    batches = make_batches(trainer.config, args.images)
-    steps, seconds = train(trainer, batches, range(1 + args.epochs, 1 + 2 * args.epochs))
+    profile.wrap(optimizer, "update", f"{type(optimizer).__name__}.update")
+    steps, seconds = run(2)
     rest = seconds - sum(profile.seconds.values())
     print(f"step with the timers: {1e3 * seconds / steps:.2f} ms; exclusive ms per step:")
     for label, spent in [*profile.seconds.most_common(), ("everything else", rest)]:

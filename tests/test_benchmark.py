@@ -220,6 +220,25 @@ def test_profile_charges_every_part_of_the_step(flags, layers):
     assert sum(parts.values()) == pytest.approx(step, abs=0.02 * len(parts))  # printed to 0.01 ms
 
 
+def test_profile_of_a_benchmark_config_charges_its_step():
+    """With --config the profile times benchmark.py's step of that model: no augmentation,
+    --images / --batch steps an epoch."""
+    out = subprocess.run([sys.executable, str(PROFILE), "--config", "A", "--batch", "8",
+                          "--images", "24", "--epochs", "2"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("config A: 139,018 parameters, batch 8, backend numpy, fast "
+                               "kernels of tinyvit.fast.cpu: Linear x18,")
+    assert lines[1].endswith(" ms (6 steps)")
+    step = float(lines[2].split("timers: ")[1].split(" ms")[0])
+    parts = {line[:32].strip(): float(line[32:]) for line in lines[3:]}
+    assert {"Linear.backward", "Attention.forward", "ClassAttention.forward",
+            "AdamW.update", "everything else"} <= set(parts)
+    assert not any(label.startswith("augment.") for label in parts)
+    assert sum(parts.values()) == pytest.approx(step, abs=0.02 * len(parts))
+
+
 @pytest.mark.slow
 def test_conv_benchmark_runs(tmp_path):
     out = tmp_path / "conv.json"
