@@ -61,7 +61,8 @@ def test_a_wrong_backward_fails_and_says_how(monkeypatch, capsys):
     assert [line.split()[:2] for line in out if "rel_err" in line] == [
         ["FAIL", "input"], ["PASS", "weight"], ["PASS", "bias"]]
     assert ("          computed/expected = 2 everywhere: a factor of 2 too many: a value added 2 "
-            "times, or a 1/2 left out (1/sqrt(4): the input has 4 values along some axes)") in out
+            "times, or a 1/2 left out, or a 1/sqrt(4) left out (the input has 4 along some "
+            "axes)") in out
     assert out[-1] == "2 of 3 tensors passed (not all within 1e-07)"
 
 

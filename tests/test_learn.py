@@ -141,6 +141,10 @@ PLANTED = {  # exercise: (the library's line, the learner's mistake, what the fa
                    "self.bias.grad += dout2.mean(axis=0)"),
         "bias's gradient differs from the library's", "computed/expected = 1/3 everywhere: a sum "
         "over 3 values (the rows of the batch) taken as their mean"),
+    "the mask turned back into 0/1, its 1/(1-p) lost": (
+        "dropout", ("return dout if isinstance(mask, float) else dout * mask",
+                    "return dout if isinstance(mask, float) else dout * (mask != 0)"),
+        "-> return (dout if isinstance(mask, float) else dout * (mask != 0)) * mask"),
     "a transposed weight gradient": (
         "linear", ("self.weight.grad += dout2.T @ x2", "self.weight.grad += x2.T @ dout2"),
         "weight's gradient must have its array's shape (5, 7), but you add to it shape (7, 5), "

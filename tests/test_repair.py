@@ -171,6 +171,34 @@ class RootScaled(Module):
         return dz @ self.w.data.T
 
 
+class HardcodedRootScaled(RootScaled):
+    """The scale of the backward's dx written as its value at D = 4."""
+
+    def backward(self, dout):
+        x = self._take_cache()
+        dz = dout * (1 - xp.tanh(x @ self.w.data / xp.sqrt(x.shape[-1])) ** 2)
+        self.w.grad += x.T @ dz / xp.sqrt(x.shape[-1])
+        return dz @ self.w.data.T / 2
+
+
+class HeadScaled(Module):
+    """y = x W^T / d ** 0.5 for a number d the layer holds, the backward forgetting the
+    scale in both of its gradients."""
+
+    def __init__(self, dim, d):
+        super().__init__()
+        self.d, self.w = d, Parameter(randn(dim, dim, seed=7))
+
+    def forward(self, x):
+        self.cache = x
+        return x @ self.w.data.T / self.d ** 0.5
+
+    def backward(self, dout):
+        x = self._take_cache()
+        self.w.grad += dout.T @ x
+        return dout @ self.w.data
+
+
 class RenormalizingCrossEntropy(SoftmaxCrossEntropy):
     def backward(self, dout=1.0):
         log_probs, t = self._take_cache()
@@ -283,10 +311,30 @@ def test_a_scale_left_out_is_put_back_as_the_code_computes_it_not_as_its_value_h
         report = gradient_check(RootScaled(4), randn(3, 4))
     assert report["input"].findings == [
         "computed/expected = 2 everywhere: a factor of 2 too many: a value added 2 times, or "
-        "a 1/2 left out (1/sqrt(4): the input has 4 values along some axes)"]
+        "a 1/2 left out, or a 1/sqrt(4) left out (the input has 4 along some axes)"]
     assert fix_lines(report)[1:3] == [
         "        return dz @ self.w.data.T",
         "     -> return dz @ self.w.data.T / xp.sqrt(x.shape[-1])"]
+
+
+def test_a_scale_written_as_its_value_is_put_back_as_the_code_computes_it():
+    # D = 9: the 2 written for sqrt(4) is 3 here, and "/ 3" would fit this shape alone
+    with B.default_dtype("float64"):
+        report = gradient_check(HardcodedRootScaled(9), randn(3, 9))
+    assert fix_lines(report)[1:4] == [
+        "        return dz @ self.w.data.T / 2",
+        "     -> return dz @ self.w.data.T / xp.sqrt(x.shape[-1])",
+        "  xp.sqrt(x.shape[-1]) where it says 2"]
+
+
+def test_a_scale_of_the_layers_own_number_left_out_twice_is_put_back_twice():
+    # d = 4: "/ 2" twice would fit this layer alone
+    with B.default_dtype("float64"):
+        report = gradient_check(HeadScaled(3, 4), randn(5, 3))
+    lines = str(report).splitlines()
+    assert [line.strip() for line in lines if line.strip().startswith("->")] == [
+        "-> x = self._take_cache() / self.d ** 0.5",  # x serves the weight's gradient alone
+        "-> return dout @ self.w.data / self.d ** 0.5"]
 
 
 def test_a_whole_arrays_sum_meant_per_row_gets_its_axis_and_keepdims_in_one_edit():
@@ -459,9 +507,12 @@ def test_a_gradient_of_another_dtype_is_named_first_and_alone():
 
 def test_a_ratio_is_said_only_where_it_means_something():
     assert read_ratio(1 / 86439277800028704) is None
-    assert read_ratio(0.5) == ("1/2", "a sum over 2 values (the rows of the batch) taken as "
-                                      "their mean; a gradient adds up over every row that used "
-                                      "the parameter")
+    assert read_ratio(0.5) == ("1/2", "a sum over 2 values taken as their mean, or a factor of "
+                                      "1/2 too many; a gradient adds up over every value that "
+                                      "used the parameter")
+    assert read_ratio(0.5, counts={4, 16}, batch={4})[1].startswith(
+        "a sum over 2 values taken as their mean, or a factor of 1/2 too many, or a 1/sqrt(4) "
+        "too many (the input has 4 along some axes)")
     assert read_ratio(2 / 3) == ("2/3", "a constant factor is wrong")
     assert read_ratio(1.7320508, head_dim=3)[0] == "1.73205 = sqrt(Dh), Dh = 3"
     assert read_ratio(1 / 0.7, named=[("1/(1-p)", 1 / 0.7)])[1] == \

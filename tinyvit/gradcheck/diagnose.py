@@ -115,7 +115,7 @@ def _overall(name, computed, expected, context):
     ratio = constant_ratio(computed, expected)
     if ratio is not None:
         read = read_ratio(ratio, _head_dim(name, context), _rows(context),
-                          _named(name, context), _counts(context))
+                          _named(name, context), _counts(context), _batch_rows(context))
         return [f"computed/expected = {read[0]} everywhere: {read[1]}"] if read else []
     if computed.ndim == 2 and computed.shape[0] == computed.shape[1] and _same(computed,
                                                                                expected.T):
@@ -145,12 +145,15 @@ def constant_ratio(computed, expected):
     return ratio if flat and everywhere else None
 
 
-def read_ratio(ratio, head_dim=None, rows=None, named=(), counts=()):
+def read_ratio(ratio, head_dim=None, rows=None, named=(), counts=(), batch=()):
     """(a ratio as text, what it means) where it is a quantity of the layer or a small
     fraction; None for any other number, which would mean nothing to a reader.
     ``rows``: the rows a loss averages over; ``named``: [(name, value)] of the layer;
     ``counts``: how many values its input holds along some of its axes (a sum over them
-    taken as a mean gives 1/count)."""
+    taken as a mean gives 1/count); ``batch``: its rows (its first axis, its leading
+    axes together). A whole number n, or 1/n, is read as each mistake it may be: a sum
+    taken as a mean (or the reverse), a factor n left out or added, and a 1/sqrt(n^2)
+    where the input holds n^2 values along some axes."""
     if head_dim and math.isclose(ratio, math.sqrt(head_dim), rel_tol=1e-6):
         return (f"{ratio:.6g} = sqrt(Dh), Dh = {head_dim}",
                 "the 1/sqrt(Dh) scale of the scores is missing in the backward"
@@ -166,8 +169,9 @@ def read_ratio(ratio, head_dim=None, rows=None, named=(), counts=()):
     parts = round(1 / ratio)
     counted = set(counts) | set(range(SMALL + 1))  # a count of the input's values, or small
     if parts >= 2 and parts in counted and math.isclose(ratio * parts, 1.0, rel_tol=1e-6):
-        return (f"1/{parts}", f"a sum over {parts} values (the rows of the batch) taken as their "
-                "mean; a gradient adds up over every row that used the parameter")
+        return (f"1/{parts}", f"a sum over {parts} values{_which(parts, batch, counts)} taken as "
+                f"their mean, or a factor of 1/{parts} too many{_root(parts, counts, 'too many')}"
+                "; a gradient adds up over every value that used the parameter")
     times = round(ratio)
     if times >= 2 and times == rows and math.isclose(ratio, times, rel_tol=1e-6):
         return f"{times}", (f"a mean over {times} values (the rows of the batch) taken as their "
@@ -177,10 +181,8 @@ def read_ratio(ratio, head_dim=None, rows=None, named=(), counts=()):
             if math.isclose(ratio, factor, rel_tol=1e-6):
                 return f"{ratio:.6g} = {text}", f"a factor of {text} too many (or missing)"
     if times >= 2 and times in counted and math.isclose(ratio, times, rel_tol=1e-6):
-        root = (f" (1/sqrt({times ** 2}): the input has {times ** 2} values along some axes)"
-                if times ** 2 in counts else "")
         return f"{times}", (f"a factor of {times} too many: a value added {times} times, or a "
-                            f"1/{times} left out{root}")
+                            f"1/{times} left out{_root(times, counts, 'left out')}")
     fraction = fractions.Fraction(ratio).limit_denominator(SMALL)
     if abs(fraction.numerator) <= SMALL and math.isclose(ratio, fraction, rel_tol=1e-6):
         return f"{fraction}", "a constant factor is wrong"
@@ -208,6 +210,25 @@ def _named(name, context):
             if attribute == "p" and value < 1:
                 found.append(("1/(1-p)", 1 / (1 - value)))
     return found
+
+
+def _which(n, batch, counts):
+    """What n values are, where the input says: its rows, or a count along some axes."""
+    if n in batch:
+        return " (the rows of the batch)"
+    return f" (the input has {n} along some axes)" if n in counts else ""
+
+
+def _root(n, counts, how):
+    """Where the input holds n^2 values along some axes, the reading of n as 1/sqrt(n^2)."""
+    return (f", or a 1/sqrt({n * n}) {how} (the input has {n * n} along some axes)"
+            if n * n in counts else "")
+
+
+def _batch_rows(context):
+    """The input's rows: its first axis, and its leading axes together."""
+    shape = getattr(context.x, "shape", ())
+    return {shape[0], math.prod(shape[:-1])} if len(shape) >= 2 else set()
 
 
 def _rows(context):

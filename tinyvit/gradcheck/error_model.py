@@ -415,29 +415,37 @@ class _Proposer:
         if not _pure(node, self.me):
             return []
         code = compile(ast.fix_missing_locations(ast.Expression(body=node)), "<value>", "eval")
+        names = dict(self.source.function.__globals__)
+        if self.me is not None and self.scope.selves:  # self.d ** 0.5, on the layer's values
+            names[self.me] = self.scope.selves[0]
         found = []
         for values in _scopes(self.scope, self.line):
             try:
-                found.append(eval(code, dict(self.source.function.__globals__), values))
+                found.append(eval(code, names, values))
             except Exception:
                 continue
         return found
 
-    def _numbers_called(self, like):
-        """The calls the layer's code multiplies or divides by somewhere (the forward's
-        ``np.sqrt(x.shape[-1])``) that compute one number from what is known here, on every
-        call: a scale the backward may have left out, offered as it is written rather than
-        as its value (which would fit this shape alone)."""
+    @functools.cached_property
+    def computed_numbers(self):
+        """The expressions the layer's code multiplies or divides by somewhere (the
+        forward's ``np.sqrt(x.shape[-1])``, ``self.d ** 0.5``) that compute one number from
+        what is known here, on every call: a scale the backward may have left out or
+        written as its value, offered as it is written (its value fits this shape alone)."""
         found = []
         for text in sorted(self.scope.factors):
             node = _unlocated(ast.parse(text, mode="eval").body)
-            if not (isinstance(node, ast.Call) and self.known(node)):
+            if not (isinstance(node, (ast.Call, ast.BinOp)) and self.known(node)):
                 continue
             values = self._evaluated(node)
             if values and all(isinstance(v, (int, float)) or (is_array(v) and v.ndim == 0)
                               for v in values):
-                found.append(located(node, like))
+                found.append(node)
         return found
+
+    def _numbers_called(self, like):
+        """``computed_numbers``, each a node of its own placed at ``like``."""
+        return [located(copy.deepcopy(node), like) for node in self.computed_numbers]
 
     def _names(self, node, slot):
         arrays = self.scope.shapes(self.line)
@@ -677,6 +685,8 @@ class _Proposer:
                 isinstance(parent, ast.Call) and isinstance(parent.func, ast.Attribute)
                 and parent.func.attr in ("transpose", "reshape", "swapaxes")):
             return  # indices and axes have rules of their own
+        for computed in self._numbers_called(node):  # 2 where the code means sqrt(D)
+            self.add("constant", slot, computed, was=number, now=ast.unparse(computed))
         values = [-number] if number else []
         values += [2 * number, number / 2] if isinstance(number, float) else [number + 1,
                                                                                number - 1]

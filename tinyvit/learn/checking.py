@@ -260,7 +260,18 @@ class _Repair:
             outcome = measure(got, want)
             if outcome is None or not outcome.passes(SAME):
                 return False
-        return True
+        return self._keeps_float32()
+
+    def _keeps_float32(self):
+        """Whether the code as it stands passes the last stage: case 1's gradients in
+        float32 come back float32 (``/ (1.0 - p)`` on a bool mask gives float64)."""
+        with default_dtype("float32"):
+            mine, inputs, before_forward, dout = _in_float32(self.ex.cases[0], self.yours)
+            try:
+                grads = _plain_backward(mine, inputs, before_forward, dout)
+            except Exception:
+                return False
+        return all(not is_array(g) or g.dtype == inputs[0].dtype for g in grads.values())
 
     def lines(self):
         """The fix, said, or how far the search looked where it found none."""
@@ -340,12 +351,8 @@ def _keeps_dtype(ex, yours, case):
     """The last stage: in float32, every gradient comes back in float32 (an array made
     without a dtype, xp.zeros(shape), is float64, and doubles a model's memory)."""
     __tracebackhide__ = True  # pytest shows the paragraph, not these frames
-    mine, inputs, before_forward = case(yours)  # the layer in float32, its inputs made so
-    inputs = tuple(a.astype(xp.float32) if is_array(a) and a.dtype.kind == "f" else a
-                   for a in inputs)
+    mine, inputs, before_forward, dout = _in_float32(case, yours)
     where = f"exercise {ex.number} ({ex.title}), case 1 in float32, input {_shapes(inputs)}"
-    dout = _upstream(mine, inputs, before_forward)
-    dout = dout.astype(xp.float32) if is_array(dout) else dout
     grads, ran = trace(lambda: _plain_backward(mine, inputs, before_forward, dout))
     if isinstance(grads, Exception):
         raise ExerciseFailed(_paragraph(ex, where, _after(grads))) from None
@@ -357,6 +364,16 @@ def _keeps_dtype(ex, yours, case):
                 "dtype= (xp.zeros(shape) is float64: give it dtype=dout.dtype, or use "
                 "zeros_like), or a NumPy float64 number (xp.sqrt(2 * xp.pi) is one: a float "
                 "of Python's, math.sqrt(2 * math.pi), keeps the array's dtype)"))
+
+
+def _in_float32(case, yours):
+    """(layer, inputs, before_forward, dout) of ``case`` in float32: the layer built under
+    float32 (the caller's default dtype), its float inputs and the upstream gradient cast."""
+    mine, inputs, before_forward = case(yours)
+    inputs = tuple(a.astype(xp.float32) if is_array(a) and a.dtype.kind == "f" else a
+                   for a in inputs)
+    dout = _upstream(mine, inputs, before_forward)
+    return mine, inputs, before_forward, dout.astype(xp.float32) if is_array(dout) else dout
 
 
 def _widened_at(ran, dtype):

@@ -100,8 +100,8 @@ def _plain(make, shape, scale=2.0, *args):
     return make(*args), (scale * randn(*shape),), None
 
 
-def _dropout(make, shape, p=0.3):
-    layer = make(p)
+def _dropout(make, shape, p=0.3, training=True):
+    layer = make(p).train(training)
     return layer, (randn(*shape),), seeded_dropout(layer)
 
 
@@ -214,7 +214,8 @@ Return dx, shaped as x. The normal CDF and density are normal_cdf and normal_pdf
         """The cache: mask = self._take_cache(): 0 or 1/(1-p) per entry, shaped as x, or the
 number 1.0 when nothing was dropped (eval mode, or p = 0). dout: shaped as x. Return dx.""",
         (*cases(_dropout, (3, 7), (2, 5, 9), (1, 4)),
-         lambda make: _dropout(make, (2, 3), p=0.0)),  # nothing dropped: the cache is 1.0
+         lambda make: _dropout(make, (2, 3), p=0.0),  # nothing dropped: the cache is 1.0
+         lambda make: _dropout(make, (3, 2), training=False)),  # eval: nothing dropped either
     ),
     Exercise(
         6, "residual", "Residual", "vit", layers.Residual, "backward", "MyResidual",
