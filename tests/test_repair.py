@@ -337,6 +337,18 @@ def test_a_scale_of_the_layers_own_number_left_out_twice_is_put_back_twice():
         "-> return dout @ self.w.data / self.d ** 0.5"]
 
 
+class LambdaTanh(layers.Tanh):
+    backward = lambda self, dout: dout * (1 + self._take_cache() ** 2)  # noqa: E731  (a - lost)
+
+
+def test_a_backward_that_cannot_be_edited_says_so_rather_than_0_tried():
+    with B.default_dtype("float64"):
+        report = gradient_check(LambdaTanh(), randn(3, 4))
+    assert "no edit was tried: no function the backward ran could be edited (a lambda, a " \
+           "builtin, code typed at a prompt, or code the forward runs too)" in str(report)
+    assert not report["input"].passed(1e-7)
+
+
 def test_a_whole_arrays_sum_meant_per_row_gets_its_axis_and_keepdims_in_one_edit():
     with B.default_dtype("float64"):
         report = gradient_check(RenormalizingCrossEntropy(), randn(4, 5), xp.arange(4) % 5)

@@ -122,6 +122,10 @@ class GradCheckReport:
             return []
         if self.fix is not None:
             return said(self.fix, self.search, section_of=self._section_of)
+        if not self.search.sources:
+            return ["no edit was tried: no function the backward ran could be edited (a lambda, "
+                    "a builtin, code typed at a prompt, or code the forward runs too); what "
+                    "differs is measured under each failing gradient"]
         return [f"no edit of one or two lines makes every gradient right ({self.search.tried} "
                 f"tried in {self.search.seconds:.2f} s); what differs is measured under each "
                 "failing gradient"]
