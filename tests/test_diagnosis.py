@@ -45,8 +45,8 @@ def test_a_bias_gradient_averaged_instead_of_summed(monkeypatch):
                                                       lambda dy: dy.mean(axis=0)))
     assert found == {"bias": [
         "computed/expected = 1/10 everywhere: a sum over 10 values (the rows of the batch) "
-        "taken as their mean, or a factor of 1/10 too many; a gradient adds up over every value "
-        "that used the parameter"]}
+        "taken as their mean, or a factor of 1/10 too many; a gradient adds up the shares of "
+        "every value that used it"]}
 
 
 def test_a_transposed_weight_gradient(monkeypatch):

@@ -199,6 +199,23 @@ class HeadScaled(Module):
         return dout @ self.w.data
 
 
+class BatchMeanBias(Module):
+    """y = (x + b) / len(x), the backward's 1/len(x) written as its value at a batch of 2."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.b = Parameter(randn(dim, seed=8))
+
+    def forward(self, x):
+        self.cache = x
+        return (x + self.b.data) / len(x)
+
+    def backward(self, dout):
+        x = self._take_cache()  # noqa: F841  (the learner kept x, and forgot len(x))
+        self.b.grad += dout.sum(axis=0) / 2
+        return dout / 2
+
+
 class RenormalizingCrossEntropy(SoftmaxCrossEntropy):
     def backward(self, dout=1.0):
         log_probs, t = self._take_cache()
@@ -325,6 +342,15 @@ def test_a_scale_written_as_its_value_is_put_back_as_the_code_computes_it():
         "        return dz @ self.w.data.T / 2",
         "     -> return dz @ self.w.data.T / xp.sqrt(x.shape[-1])",
         "  xp.sqrt(x.shape[-1]) where it says 2"]
+
+
+def test_a_batch_size_written_as_a_number_is_put_back_as_len():
+    with B.default_dtype("float64"):
+        report = gradient_check(BatchMeanBias(4), randn(5, 4))
+    assert [line.strip() for line in str(report).splitlines() if "->" in line] == [
+        "-> self.b.grad += dout.sum(axis=0) / len(x)",
+        "line {} of tests/{} (BatchMeanBias.backward): return dout / 2  ->  return dout / len(x)"
+        .format(line_of(BatchMeanBias.backward, "return dout / 2"), HERE)]
 
 
 def test_a_scale_of_the_layers_own_number_left_out_twice_is_put_back_twice():
@@ -520,8 +546,8 @@ def test_a_gradient_of_another_dtype_is_named_first_and_alone():
 def test_a_ratio_is_said_only_where_it_means_something():
     assert read_ratio(1 / 86439277800028704) is None
     assert read_ratio(0.5) == ("1/2", "a sum over 2 values taken as their mean, or a factor of "
-                                      "1/2 too many; a gradient adds up over every value that "
-                                      "used the parameter")
+                                      "1/2 too many; a gradient adds up the shares of every "
+                                      "value that used it")
     assert read_ratio(0.5, counts={4, 16}, batch={4})[1].startswith(
         "a sum over 2 values taken as their mean, or a factor of 1/2 too many, or a 1/sqrt(4) "
         "too many (the input has 4 along some axes)")
@@ -530,6 +556,10 @@ def test_a_ratio_is_said_only_where_it_means_something():
     assert read_ratio(1 / 0.7, named=[("1/(1-p)", 1 / 0.7)])[1] == \
         "a factor of 1/(1-p) too many (or missing)"
     assert read_ratio(np.pi) is None and read_ratio(1.0 + 1e-9) is None
+    assert read_ratio(6 ** 0.5, counts={2, 3, 6}) == (
+        "2.44949 = sqrt(6)", "a factor of sqrt(6) too many, or a 1/sqrt(6) left out (the input "
+        "has 6 along some axes)")
+    assert read_ratio(6 ** 0.5) is None  # no 6 in the input
 
 
 @pytest.mark.parametrize("rule", sorted(COSTS))

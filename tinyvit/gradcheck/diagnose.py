@@ -171,7 +171,7 @@ def read_ratio(ratio, head_dim=None, rows=None, named=(), counts=(), batch=()):
     if parts >= 2 and parts in counted and math.isclose(ratio * parts, 1.0, rel_tol=1e-6):
         return (f"1/{parts}", f"a sum over {parts} values{_which(parts, batch, counts)} taken as "
                 f"their mean, or a factor of 1/{parts} too many{_root(parts, counts, 'too many')}"
-                "; a gradient adds up over every value that used the parameter")
+                "; a gradient adds up the shares of every value that used it")
     times = round(ratio)
     if times >= 2 and times == rows and math.isclose(ratio, times, rel_tol=1e-6):
         return f"{times}", (f"a mean over {times} values (the rows of the batch) taken as their "
@@ -183,6 +183,12 @@ def read_ratio(ratio, head_dim=None, rows=None, named=(), counts=(), batch=()):
     if times >= 2 and times in counted and math.isclose(ratio, times, rel_tol=1e-6):
         return f"{times}", (f"a factor of {times} too many: a value added {times} times, or a "
                             f"1/{times} left out{_root(times, counts, 'left out')}")
+    for n, text in ((round(ratio * ratio), "sqrt"), (round(1 / ratio ** 2), "1/sqrt")):
+        if n >= 2 and n in counts and math.isclose(ratio * ratio, n if text == "sqrt" else 1 / n,
+                                                   rel_tol=1e-6):
+            other = "1/sqrt" if text == "sqrt" else "sqrt"
+            return (f"{ratio:.6g} = {text}({n})", f"a factor of {text}({n}) too many, or a "
+                    f"{other}({n}) left out (the input has {n} along some axes)")
     fraction = fractions.Fraction(ratio).limit_denominator(SMALL)
     if abs(fraction.numerator) <= SMALL and math.isclose(ratio, fraction, rel_tol=1e-6):
         return f"{fraction}", "a constant factor is wrong"

@@ -429,13 +429,14 @@ class _Proposer:
     @functools.cached_property
     def computed_numbers(self):
         """The expressions the layer's code multiplies or divides by somewhere (the
-        forward's ``np.sqrt(x.shape[-1])``, ``self.d ** 0.5``) that compute one number from
-        what is known here, on every call: a scale the backward may have left out or
+        forward's ``np.sqrt(x.shape[-1])``, ``self.d ** 0.5``, ``x.shape[0]``) that compute
+        one number from what is known here, on every call: a scale the backward may have left out or
         written as its value, offered as it is written (its value fits this shape alone)."""
         found = []
         for text in sorted(self.scope.factors):
             node = _unlocated(ast.parse(text, mode="eval").body)
-            if not (isinstance(node, (ast.Call, ast.BinOp)) and self.known(node)):
+            if not ((isinstance(node, (ast.Call, ast.BinOp)) or _is_size(node))
+                    and self.known(node)):
                 continue
             values = self._evaluated(node)
             if values and all(isinstance(v, (int, float)) or (is_array(v) and v.ndim == 0)
@@ -981,11 +982,13 @@ def factors_in(trees):
 
 def _pure(node, me):
     """Whether an expression only reads names and computes on arrays: arithmetic,
-    subscripts, attributes, and calls of array methods or of xp (not of the layer
-    ``me`` names, or of its layers)."""
+    subscripts, attributes, and calls of array methods, of xp or of ``len`` (not of the
+    layer ``me`` names, or of its layers)."""
     for inner in ast.walk(node):
         if isinstance(inner, ast.Call):
             func = inner.func
+            if isinstance(func, ast.Name) and func.id == "len":
+                continue
             if not isinstance(func, ast.Attribute) or _is_name(func.value, me):
                 return False
             if isinstance(func.value, ast.Attribute):  # self.layer.method(...)
@@ -994,6 +997,12 @@ def _pure(node, me):
                                     ast.keyword, ast.cmpop)):
             return False
     return True
+
+
+def _is_size(node):
+    """Whether ``node`` reads one size of an array: ``x.shape[0]``."""
+    return (isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute)
+            and node.value.attr == "shape")
 
 
 def _unlocated(node):
