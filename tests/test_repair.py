@@ -216,6 +216,20 @@ class BatchMeanBias(Module):
         return dout / 2
 
 
+class ScaledBranch(Module):
+    """y = x + alpha f(x), the backward calling f's backward on dout, alpha forgotten."""
+
+    def __init__(self, dim, alpha):
+        super().__init__()
+        self.alpha, self.fc = alpha, layers.Linear(dim, dim, rng=B.host_rng(0))
+
+    def forward(self, x):
+        return x + self.alpha * self.fc.forward(x)
+
+    def backward(self, dout):
+        return dout + self.fc.backward(dout)
+
+
 class RenormalizingCrossEntropy(SoftmaxCrossEntropy):
     def backward(self, dout=1.0):
         log_probs, t = self._take_cache()
@@ -351,6 +365,17 @@ def test_a_batch_size_written_as_a_number_is_put_back_as_len():
         "-> self.b.grad += dout.sum(axis=0) / len(x)",
         "line {} of tests/{} (BatchMeanBias.backward): return dout / 2  ->  return dout / len(x)"
         .format(line_of(BatchMeanBias.backward, "return dout / 2"), HERE)]
+
+
+@pytest.mark.parametrize("alpha", [0.5, 0.3])
+def test_a_factor_left_out_of_the_gradient_a_layers_backward_is_called_on_is_put_in(alpha):
+    with B.default_dtype("float64"):
+        report = gradient_check(ScaledBranch(4, alpha), randn(3, 4))
+    assert fix_lines(report)[:3] == [
+        f"  line {line_of(ScaledBranch.backward, 'return dout +')} of tests/{HERE} "
+        "(ScaledBranch.backward):",
+        "        return dout + self.fc.backward(dout)",
+        "     -> return dout + self.fc.backward(dout * self.alpha)"]
 
 
 def test_a_scale_of_the_layers_own_number_left_out_twice_is_put_back_twice():

@@ -176,7 +176,8 @@ def expressions(node):
 
 def term_slots(statement):
     """The slots of the terms of a statement's value: the value itself (each item of a
-    returned tuple), and every operand of its sums, differences, products and quotients."""
+    returned tuple), every operand of its sums, differences, products and quotients, and
+    the gradient a layer's backward is called on."""
     if isinstance(statement, (ast.Assign, ast.AugAssign, ast.Return)) and statement.value:
         roots = [(statement, "value", None)]
         if isinstance(statement.value, ast.Tuple):
@@ -195,7 +196,9 @@ def term_nodes(tree):
 def _operands(slot):
     yield slot
     node = slot_value(slot)
-    if isinstance(node, ast.BinOp) and isinstance(node.op, ARITHMETIC):
+    if _backward_call_of_one(node):  # self.fc2.backward(alpha * dout): its gradient, a term too
+        yield from _operands((node, "args", 0))
+    elif isinstance(node, ast.BinOp) and isinstance(node.op, ARITHMETIC):
         yield from _operands((node, "left", None))
         yield from _operands((node, "right", None))
     elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
@@ -203,6 +206,13 @@ def _operands(slot):
 
 
 ARITHMETIC = (ast.Add, ast.Sub, ast.Mult, ast.Div)
+
+
+def _backward_call_of_one(node):
+    """Whether ``node`` calls a layer's backward on one gradient: ``self.fc2.backward(d)``."""
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "backward" and len(node.args) == 1 and not node.keywords
+            and not isinstance(node.args[0], ast.Starred))
 
 
 def located(new, old):
