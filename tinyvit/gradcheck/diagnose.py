@@ -152,8 +152,8 @@ def read_ratio(ratio, head_dim=None, rows=None, named=(), counts=(), batch=()):
     ``counts``: how many values its input holds along some of its axes (a sum over them
     taken as a mean gives 1/count); ``batch``: its rows (its first axis, its leading
     axes together). A whole number n, or 1/n, is read as each mistake it may be: a sum
-    taken as a mean (or the reverse), a factor n left out or added, and a 1/sqrt(n^2)
-    where the input holds n^2 values along some axes."""
+    taken as a mean (or the reverse), a factor n left out or added, a 1/sqrt(n^2) where
+    the input holds n^2 values along some axes; sqrt(n) where it holds n."""
     if head_dim and math.isclose(ratio, math.sqrt(head_dim), rel_tol=1e-6):
         return (f"{ratio:.6g} = sqrt(Dh), Dh = {head_dim}",
                 "the 1/sqrt(Dh) scale of the scores is missing in the backward"
