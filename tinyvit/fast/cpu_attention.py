@@ -42,7 +42,7 @@ class FastAttentionCore(FastKernel):
         # dropout, the maps kept); else each block's in an array of its own, which stays in
         # the cache: inference writes no (B, NH, Q, N) array to memory
         kept = self.training or self.keep_attn or not fused
-        A = xp.empty((B if kept else 0, NH, Q, N), dtype=q.dtype)
+        A = xp.empty((B, NH, Q, N), dtype=q.dtype) if kept else None
 
         def scores(q, k, v, ctx, A=None):  # one block of images
             b = len(k)
@@ -53,7 +53,7 @@ class FastAttentionCore(FastKernel):
             if fused:
                 xp.matmul(A, v, out=ctx)
 
-        arrays = (q, k, v, ctx, A) if kept else (q, k, v, ctx)
+        arrays = (q, k, v, ctx) + ((A,) if kept else ())
         images = max(1, ATTENTION_BLOCK_BYTES // (NH * Q * N * q.itemsize))  # scores in L2
         each_block(scores, *arrays, block_bytes=images * max(a[:1].nbytes for a in arrays))
         self.attn = A if self.keep_attn else None

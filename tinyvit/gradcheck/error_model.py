@@ -430,8 +430,9 @@ class _Proposer:
     def computed_numbers(self):
         """The expressions the layer's code multiplies or divides by somewhere (the
         forward's ``np.sqrt(x.shape[-1])``, ``self.d ** 0.5``, ``x.shape[0]``) that compute
-        one number from what is known here, on every call: a scale the backward may have left out or
-        written as its value, offered as it is written (its value fits this shape alone)."""
+        one number from what is known here, on every call: a scale the backward may have
+        left out or written as its value, offered as it is written (its value fits this
+        shape alone)."""
         found = []
         for text in sorted(self.scope.factors):
             node = _unlocated(ast.parse(text, mode="eval").body)
