@@ -1,6 +1,6 @@
 """Does a compiled route earn its place? The fast tier's float32 GELU and LayerNorm forward
 in NumPy blocks, written for numexpr, and compiled by Numba (tinyvit's own
-``tinyvit/fast/cpu_numba.py``), against PyTorch, interleaved on the same arrays.
+``tinyvit/fast/cpu_numba_*.py``), against PyTorch, interleaved on the same arrays.
 
     pip install numexpr numba
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/compiled.py
@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from ops import median_ms  # noqa: E402
 
 from machine import machine_report, print_machine, setup_backends, torch  # noqa: E402
-from tinyvit.fast import blocks, cpu, cpu_numba, elementwise  # noqa: E402
+from tinyvit.fast import blocks, cpu, cpu_numba, cpu_numba_gelu, cpu_numba_norm, elementwise  # noqa: E402
 from tinyvit.nn.functional import SQRT_HALF  # noqa: E402
 
 C = np.float32(elementwise.ERFC_P * SQRT_HALF)  # t = 1 / (1 + C |x|)
@@ -66,17 +66,17 @@ def numexpr_routes(threads):
 
 
 def numba_routes():
-    """tinyvit's own compiled kernels (tinyvit/fast/cpu_numba.py), or {} without Numba."""
+    """tinyvit's own compiled kernels (tinyvit/fast/cpu_numba_*.py), or {} without Numba."""
     if not cpu_numba.INSTALLED:
         return {}
 
     def gelu_numba(x):
-        return cpu_numba.gelu(x, None, train=False)[0]
+        return cpu_numba_gelu.gelu(x, None, train=False)[0]
 
     def layer_norm_numba(x, w, b):
-        return cpu_numba.layer_norm(x, None, w, b, EPS, keep=False)[3]
+        return cpu_numba_norm.layer_norm(x, None, w, b, EPS, keep=False)[3]
 
-    return {"Numba (tinyvit.fast.cpu_numba)": (gelu_numba, layer_norm_numba)}
+    return {"Numba (tinyvit.fast.cpu_numba_*)": (gelu_numba, layer_norm_numba)}
 
 
 def routes(threads):

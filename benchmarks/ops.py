@@ -18,7 +18,7 @@ arrays, one NumPy operation after another, that the kernels replaced; two rows t
 reference tier's layer; rows "by NumPy's BLAS" time a Linear's product as NumPy does it,
 where the fast Linear's goes to MKL (``tinyvit/fast/mkl.py``), and the row "in NumPy
 blocks" the softmax as the blocks compute it, where the fast one is compiled
-(``tinyvit/fast/cpu_numba.py``; otherwise it times the row above's code again). GELU's
+(``tinyvit/fast/cpu_numba_*.py``; otherwise it times the row above's code again). GELU's
 training forward computes y and y' where PyTorch's computes y alone; its row "forward +
 backward" times the work a training step does.
 """
@@ -36,7 +36,16 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "tests"))  # torch_reference.py
 
 from machine import machine_report, print_machine, setup_backends, torch  # noqa: E402
-from tinyvit.fast import accelerate, blocks, cpu, cpu_attention, cpu_numba, elementwise, mkl  # noqa: E402
+from tinyvit.fast import (  # noqa: E402
+    accelerate,
+    blocks,
+    cpu,
+    cpu_attention,
+    cpu_numba,
+    cpu_numba_softmax,
+    elementwise,
+    mkl,
+)
 from tinyvit.nn import layers  # noqa: E402
 
 MiB = 1 << 20
@@ -248,7 +257,7 @@ def torch_round_trip(module, x, dy):
     module(x).backward(dy)
 
 
-def scaled_softmax(scores, scale, softmax=cpu_numba.softmax_block):
+def scaled_softmax(scores, scale, softmax=cpu_numba_softmax.softmax_block):
     out = np.empty_like(scores)
 
     def block(s, out):
@@ -271,7 +280,7 @@ def softmax_backward(A, dA):
     """The attention backward's softmax step on a copy of dA, refreshed untimed."""
     dS = np.empty_like(dA)
     return in_place(lambda: np.copyto(dS, dA),
-                    lambda: blocks.each_block(cpu_numba.softmax_backward_block, A, dS,
+                    lambda: blocks.each_block(cpu_numba_softmax.softmax_backward_block, A, dS,
                                               block_bytes=cpu_attention.ATTENTION_BLOCK_BYTES))
 
 

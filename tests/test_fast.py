@@ -20,7 +20,17 @@ from conftest import jitter, output_shape, randn
 from cuda_mirrors import dropout_apply
 from tinyvit import backend as B
 from tinyvit import fast
-from tinyvit.fast import blocks, cpu, cpu_conv, cpu_numba, elementwise, mkl
+from tinyvit.fast import (
+    blocks,
+    cpu,
+    cpu_conv,
+    cpu_numba,
+    cpu_numba_gelu,
+    cpu_numba_norm,
+    cpu_numba_softmax,
+    elementwise,
+    mkl,
+)
 from tinyvit.nn import conv, layers, loss, optim
 
 TOLERANCE = {np.float64: 1e-12, np.float32: 1e-5}
@@ -539,10 +549,10 @@ def test_compiled_kernels_give_the_same_bits_on_one_thread_and_on_two(threads, d
     results = []
     for count in (1, 2):
         threads(count)
-        s, xhat, rstd, y = cpu_numba.layer_norm(x, r, weight, bias, 1e-6, keep=True)
-        outputs = [s, y, *cpu_numba.layer_norm_backward(dy, xhat, rstd, weight, dskip)]
+        s, xhat, rstd, y = cpu_numba_norm.layer_norm(x, r, weight, bias, 1e-6, keep=True)
+        outputs = [s, y, *cpu_numba_norm.layer_norm_backward(dy, xhat, rstd, weight, dskip)]
         if dtype == np.float32:
-            outputs += cpu_numba.gelu(x, bias, train=True)
+            outputs += cpu_numba_gelu.gelu(x, bias, train=True)
         results.append(outputs)
     for one, two in zip(*results, strict=True):
         np.testing.assert_array_equal(one, two)
@@ -576,9 +586,9 @@ def test_compiled_gelu_uses_512_bit_vectors_where_the_processor_has_avx512(
     script = ("import numpy as np, numba\n"
               + ("@numba.njit\ndef f(a):\n    return a\n" if decorated_first else "")
               + "from numba.core.codegen import get_host_cpu_features\n"
-              "from tinyvit.fast import cpu_numba\n"
-              "cpu_numba.gelu(np.ones((4, 8), np.float32), None, train=False)\n"
-              "kernel = cpu_numba._compiled(cpu_numba._gelu)\n"
+              "from tinyvit.fast import cpu_numba, cpu_numba_gelu\n"
+              "cpu_numba_gelu.gelu(np.ones((4, 8), np.float32), None, train=False)\n"
+              "kernel = cpu_numba.compile_for_block(cpu_numba_gelu._gelu)\n"
               "print('+avx512f' in get_host_cpu_features().split(','), "
               "'zmm' in kernel.inspect_asm(kernel.signatures[0]), numba.config.CPU_FEATURES)\n")
     environment = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
@@ -605,7 +615,7 @@ def test_numba_disable_jit_gives_the_numpy_blocks(monkeypatch):
     why it cannot. A value Numba ignores (not a whole number) changes nothing."""
     monkeypatch.setenv("NUMBA_DISABLE_JIT", "1")
     assert not cpu_numba.compiled()
-    assert not cpu_numba.takes_block(np.ones((2, 3), np.float32))
+    assert not cpu_numba_softmax.takes_block(np.ones((2, 3), np.float32))
     with pytest.raises(ValueError, match=r"set_compiled\(True\) needs Numba's compiler, which "
                                          r"NUMBA_DISABLE_JIT turns off \(it is '1'\)"):
         cpu_numba.set_compiled(True)
@@ -620,19 +630,21 @@ def test_compiled_loops_refuse_arrays_of_another_shape_than_their_inputs():
     f = np.float32
     x, a = np.ones((4, 8), f), np.ones((2, 3, 5, 5), f)
     calls = {
-        "gelu: bias must have shape (8,)": lambda: cpu_numba.gelu(x, np.ones(9, f), True),
+        "gelu: bias must have shape (8,)": lambda: cpu_numba_gelu.gelu(x, np.ones(9, f), True),
         "layer_norm: r must have shape (4, 8)":
-            lambda: cpu_numba.layer_norm(x, np.ones((4, 7), f), np.ones(8, f), np.ones(8, f),
-                                         1e-5, True),
+            lambda: cpu_numba_norm.layer_norm(x, np.ones((4, 7), f), np.ones(8, f),
+                                              np.ones(8, f), 1e-5, True),
         "layer_norm: weight must have shape (8,)":
-            lambda: cpu_numba.layer_norm(x, None, np.ones(16, f), np.ones(8, f), 1e-5, True),
+            lambda: cpu_numba_norm.layer_norm(x, None, np.ones(16, f), np.ones(8, f), 1e-5,
+                                              True),
         "layer_norm_backward: rstd must have shape (4, 1)":
-            lambda: cpu_numba.layer_norm_backward(x, x, np.ones((2, 1), f), np.ones(8, f), None),
+            lambda: cpu_numba_norm.layer_norm_backward(x, x, np.ones((2, 1), f), np.ones(8, f),
+                                                       None),
         "layer_norm_backward: dskip must have shape (4, 8)":
-            lambda: cpu_numba.layer_norm_backward(x, x, np.ones((4, 1), f), np.ones(8, f),
-                                                  np.ones((4, 9), f)),
+            lambda: cpu_numba_norm.layer_norm_backward(x, x, np.ones((4, 1), f), np.ones(8, f),
+                                                       np.ones((4, 9), f)),
         "softmax_backward_block: dA must have shape (2, 3, 5, 5)":
-            lambda: cpu_numba.softmax_backward_block(a, np.ones((2, 3, 5, 4), f)),
+            lambda: cpu_numba_softmax.softmax_backward_block(a, np.ones((2, 3, 5, 4), f)),
     }
     for message, call in calls.items():
         with pytest.raises(ValueError, match=re.escape(message)):
@@ -977,9 +989,9 @@ def test_softmax_block_is_the_formula_on_either_route(route, dtype, extremes):
     for out in (scores.astype(dtype), strided):
         np.copyto(out, scores)
         compiled = route and dtype == np.float32 and out is not strided
-        assert (cpu_numba.takes_block(out) and out.dtype == np.float32) is compiled
+        assert (cpu_numba_softmax.takes_block(out) and out.dtype == np.float32) is compiled
         with np.errstate(invalid="ignore"):
-            result = cpu_numba.softmax_block(out)
+            result = cpu_numba_softmax.softmax_block(out)
         assert result is out and out.dtype == dtype
         assert np.isnan(out[2, 0, 4]).all() == extremes and not np.isnan(out[:2]).any()
         assert not extremes or 0 <= out[1, 1, 2, 3] <= (2e-38 if compiled else 0)
@@ -1000,8 +1012,8 @@ def test_softmax_backward_block_is_the_formula_on_either_route(route, dtype, sca
     strided = np.zeros((3, 2, 5, 18), dtype=dtype)[..., ::2]
     for out in (dA.astype(dtype), strided):
         np.copyto(out, dA)
-        assert cpu_numba.takes_block(A.astype(dtype), out) is (route and out is not strided)
-        result = cpu_numba.softmax_backward_block(A.astype(dtype), out, scale)
+        assert cpu_numba_softmax.takes_block(A.astype(dtype), out) is (route and out is not strided)
+        result = cpu_numba_softmax.softmax_backward_block(A.astype(dtype), out, scale)
         assert result is out and out.dtype == dtype
         np.testing.assert_allclose(out, expected, rtol=0, atol=tolerance)
 

@@ -608,11 +608,12 @@ def test_a_search_of_code_that_is_right_finds_nothing_to_do():
 
 
 def test_the_search_leaves_alone_the_code_that_hands_arrays_to_unchecked_loops():
-    """cpu_numba's and mkl's functions pass arrays to compiled loops and gemm, which check
-    no bounds: an edited size there wrote past an array and aborted the process. The fast
-    layers' own methods stay editable."""
-    from tinyvit.fast import cpu, cpu_numba, mkl
+    """The compiled kernels' and mkl's functions pass arrays to compiled loops and gemm,
+    which check no bounds: an edited size there wrote past an array and aborted the
+    process. The fast layers' own methods stay editable."""
+    from tinyvit.fast import cpu, cpu_numba_gelu, cpu_numba_norm, cpu_numba_softmax, mkl
     from tinyvit.gradcheck.trace import editable_code
-    for function in (cpu_numba.layer_norm_backward, cpu_numba.gelu, mkl.matmul):
+    for function in (cpu_numba_norm.layer_norm_backward, cpu_numba_gelu.gelu,
+                     cpu_numba_softmax.softmax_block, mkl.matmul):
         assert not editable_code(function.__code__, own_only=False)
     assert editable_code(cpu.LayerNorm.backward_residual.__code__, own_only=False)

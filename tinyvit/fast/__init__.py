@@ -12,7 +12,7 @@ keeps ``train_gpt2.c`` as the reference of its CUDA kernels:
   methods holding the work with faster code (``cpu.py``, ``cpu_attention.py`` and
   ``cpu_conv.py`` for NumPy, their elementwise work in cache-sized blocks over the
   cores, ``blocks.py``, GELU, LayerNorm and the softmax compiled by Numba
-  where it is installed, ``cpu_numba.py``, Linear's larger products by MKL where it is
+  where it is installed, ``cpu_numba*.py``, Linear's larger products by MKL where it is
   installed on an Intel processor, ``mkl.py``; ``gpu.py``'s table of ``gpu_*.py``
   for CuPy, with the CUDA C of ``kernels/``, which ``compile.py`` compiles) and keeps
   the layer's contract, parameters and names; on a GPU the loss and AdamW too.

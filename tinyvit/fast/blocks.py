@@ -78,7 +78,7 @@ def num_threads():
 
 def set_num_threads(count):
     """Use ``count`` threads from now on (None: back to ``TINYVIT_NUM_THREADS`` or
-    the cores available), for the NumPy blocks and the compiled ones (``cpu_numba.py``)
+    the cores available), for the NumPy blocks and the compiled ones (``cpu_numba_*.py``)
     alike."""
     global _chosen
     _chosen = None if count is None else _positive(count, "set_num_threads")

@@ -24,8 +24,8 @@ contract, and overrides only what it does faster. What makes each faster:
 - ``Linear``: the bias added by MKL's product as it writes (``mkl.py``), its gradient summed
   by a matrix-vector product (``Conv2d``: ``cpu_conv.py``).
 Where Numba is installed, GELU and the attention's softmax (float32), LayerNorm and the
-softmax's backward run ``cpu_numba.py``'s compiled loops (the blocks' formulas, Phi near 0
-and sums apart).
+softmax's backward run compiled loops (``cpu_numba_gelu.py``, ``cpu_numba_norm.py``,
+``cpu_numba_softmax.py``: the blocks' formulas, Phi near 0 and sums apart).
 
 ``tests/test_fast.py`` checks every class here against its reference;
 docs/performance.md has what each change measured.
@@ -39,7 +39,7 @@ import math
 from ..backend import xp
 from ..checks import check_float
 from ..nn import conv, layers, optim
-from . import cpu_numba, mkl
+from . import cpu_numba, cpu_numba_gelu, cpu_numba_norm, mkl
 from .blocks import each_block
 from .cpu_attention import Attention, ClassAttention
 from .cpu_conv import Conv2d
@@ -101,7 +101,8 @@ class LayerNorm(FastKernel, layers.LayerNorm):
         return self.forward_residual(x)[1]
 
     def compiled_for(self, x):
-        """Whether ``cpu_numba``'s loops take x: float32 or float64, the parameters' dtype."""
+        """Whether ``cpu_numba_norm``'s loops take x: float32 or float64, the parameters'
+        dtype."""
         return (x.dtype in (xp.float32, xp.float64) and x.dtype == self.weight.data.dtype
                 and cpu_numba.compiled())
 
@@ -112,9 +113,9 @@ class LayerNorm(FastKernel, layers.LayerNorm):
             raise ValueError(f"LayerNorm: expected last axis {self.dim}, got input of shape "
                              f"{x.shape}")
         if self.compiled_for(x):
-            s, xhat, rstd, y = cpu_numba.layer_norm(rows_of(x), None if r is None else rows_of(r),
-                                                    self.weight.data, self.bias.data, self.eps,
-                                                    keep=self.training)
+            s, xhat, rstd, y = cpu_numba_norm.layer_norm(
+                rows_of(x), None if r is None else rows_of(r), self.weight.data,
+                self.bias.data, self.eps, keep=self.training)
             self.cache = (xhat, rstd) if self.training else None
             return s.reshape(x.shape), y.reshape(x.shape)
         s = x if r is None else xp.empty(x.shape, dtype=x.dtype)
@@ -153,7 +154,7 @@ class LayerNorm(FastKernel, layers.LayerNorm):
         """dx, plus ``dskip`` (the gradient a skip connection adds) when given."""
         xhat, rstd = self._take_cache()
         if self.compiled_for(dout) and self.compiled_for(xhat):  # xhat: the forward's route
-            dx, dgamma, dbeta = cpu_numba.layer_norm_backward(
+            dx, dgamma, dbeta = cpu_numba_norm.layer_norm_backward(
                 rows_of(dout), rows_of(xhat), rows_of(rstd), self.weight.data,
                 None if dskip is None else rows_of(dskip))
             self.weight.grad += dgamma
@@ -203,7 +204,7 @@ class GELU(FastKernel, layers.GELU):
         check_float(x, "GELU")
         if (self.approximate != "tanh" and x.dtype == xp.float32 and cpu_numba.compiled()
                 and (bias is None or (x.ndim and bias.shape == x.shape[-1:]))):  # else NumPy's
-            y, dydx = cpu_numba.gelu(rows_of(x), bias, self.training)
+            y, dydx = cpu_numba_gelu.gelu(rows_of(x), bias, self.training)
             self.cache = None if dydx is None else dydx.reshape(x.shape)
             return y.reshape(x.shape)
         gelu = gelu_tanh if self.approximate == "tanh" else gelu_erf

@@ -8,7 +8,7 @@ NH heads, Q query rows, N tokens, Dh head dim.
 
 from ..backend import xp
 from ..nn import layers
-from . import cpu_numba
+from . import cpu_numba_softmax
 from .blocks import each_block
 from .kernel import FastKernel
 
@@ -49,7 +49,7 @@ class FastAttentionCore(FastKernel):
             kT = xp.empty((b, NH, Dh, N), dtype=k.dtype)  # k^T / sqrt(Dh), contiguous
             xp.multiply(k.transpose(0, 1, 3, 2), self.scale, out=kT)
             A = xp.matmul(q, kT, out=A)  # (b, NH, Q, N)
-            cpu_numba.softmax_block(A)
+            cpu_numba_softmax.softmax_block(A)
             if fused:
                 xp.matmul(A, v, out=ctx)
 
@@ -81,7 +81,7 @@ class FastAttentionCore(FastKernel):
             vT = xp.ascontiguousarray(v.transpose(0, 1, 3, 2))  # (b, NH, Dh, N): the product
             # runs faster on contiguous memory
             dS = dctx @ vT  # (b, NH, Q, N)
-        cpu_numba.softmax_backward_block(A, dS, self.scale)  # dS / sqrt(Dh)
+        cpu_numba_softmax.softmax_backward_block(A, dS, self.scale)  # dS / sqrt(Dh)
         xp.matmul(dS, k, out=dq)
         xp.matmul(dS.transpose(0, 1, 3, 2), q, out=dk)
 
