@@ -22,6 +22,7 @@ printed too.
 import argparse
 import collections
 import dataclasses
+import functools
 import sys
 import time
 from pathlib import Path
@@ -56,7 +57,10 @@ class Profile:
         self.sync, self.seconds, self.open = sync, collections.Counter(), []
 
     def wrap(self, owner, name, label):
+        """Time ``owner.name`` from now on, charged to ``label``: a string, or a function
+        of the call's arguments that names it."""
         function = getattr(owner, name)
+        name_of = label if callable(label) else (lambda *args: label)
 
         def timed(*args, **kwargs):
             self.sync()
@@ -65,7 +69,7 @@ class Profile:
             result = function(*args, **kwargs)
             self.sync()
             spent = time.perf_counter() - start
-            self.seconds[label] += spent - self.open.pop()
+            self.seconds[name_of(*args)] += spent - self.open.pop()
             if self.open:
                 self.open[-1] += spent
             return result
@@ -75,8 +79,10 @@ class Profile:
 
 def timed_methods():
     """(class, method name, label) of every forward and backward a step may run: the
-    layers' and, where the fast tier has a kernel on the active backend, the kernel's
-    (charged to the reference layer's name), each method where its class defines it."""
+    layers' and, where the fast tier has a kernel on the active backend, the kernel's,
+    each method where its class defines it. The label names the layer the call ran on
+    (a kernel's by its reference layer): ``ClassAttention.backward``, though the method
+    is ``Attention``'s."""
     kernels = fast.kernels()
     seen = set()
     for cls in LAYERS:
@@ -85,7 +91,13 @@ def timed_methods():
                 owner = next(c for c in built.__mro__ if name in vars(c))
                 if owner is not module.Module and (owner, name) not in seen:
                     seen.add((owner, name))
-                    yield owner, name, f"{cls.__name__}.{name}"
+                    yield owner, name, functools.partial(layer_label, name)
+
+
+def layer_label(name, layer, *args):
+    """"Layer.name" for a call of ``layer.name``: the first of LAYERS in its class's MRO
+    (a fast kernel subclasses its reference layer)."""
+    return f"{next(c for c in type(layer).__mro__ if c in LAYERS).__name__}.{name}"
 
 
 def parse_args(argv=None):
