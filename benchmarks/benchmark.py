@@ -90,15 +90,23 @@ def check_and_time(runners, args):
     return check, times, {r.name: r.final_loss() for r in runners}
 
 
+# the flags --quick sets, and their values without it; a flag given beside --quick keeps its value
+QUICK = {"configs": "A", "steps": 2, "rounds": 1, "warmup": 1, "memory_steps": 1}
+FULL = {"configs": "A,B,C", "steps": 5, "rounds": 3, "warmup": 2, "memory_steps": 3}
+
+
 def make_parser():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--configs", default="A,B,C", help="comma-separated config names (A, B, C)")
+    p.add_argument("--configs", help="comma-separated config names (A, B, C; default all)")
     p.add_argument("--batch", type=int, default=128)
-    p.add_argument("--steps", type=int, default=5, help="timed steps per round")
-    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
-    p.add_argument("--warmup", type=int, default=2, help="untimed steps at the start of every turn")
-    p.add_argument("--memory-steps", type=int, default=3, help="steps per memory subprocess")
-    p.add_argument("--quick", action="store_true", help="config A, few steps: a smoke test for CI")
+    p.add_argument("--steps", type=int, help="timed steps per round (default 5)")
+    p.add_argument("--rounds", type=int, help="interleaved rounds (default 3)")
+    p.add_argument("--warmup", type=int,
+                   help="untimed steps at the start of every turn (default 2)")
+    p.add_argument("--memory-steps", type=int, help="steps per memory subprocess (default 3)")
+    p.add_argument("--quick", action="store_true",
+                   help="config A, 1 round of 2 steps, 1 warm-up and 1 memory step: a smoke "
+                        "test for CI; the flags among these given beside it keep their values")
     p.add_argument("--gpu", action="store_true", help="tinyvit on CuPy against torch on CUDA")
     p.add_argument("--workers", type=int, default=1,
                    help="worker processes of each --tiers runner (tinyvit.train.parallel; memory: "
@@ -125,6 +133,9 @@ def make_parser():
 def parse_args(argv=None):
     p = make_parser()
     args = p.parse_args(argv)
+    for name, value in (QUICK if args.quick else FULL).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     for name, least in (("batch", 1), ("steps", 1), ("rounds", 1), ("memory_steps", 1),
                         ("workers", 1), ("warmup", 0)):
         if getattr(args, name) < least:
@@ -134,8 +145,6 @@ def parse_args(argv=None):
         p.error("--workers splits batches over CPU processes; on a GPU tinyvit runs one process")
     args.tiers = parse_tiers(p, args.tiers)
     check_baseline(p, args)
-    if args.quick:
-        args.configs, args.steps, args.rounds, args.warmup, args.memory_steps = "A", 2, 1, 1, 1
     args.configs = [c.strip().upper() for c in args.configs.split(",") if c.strip()]
     unknown = [c for c in args.configs if c not in CONFIGS]
     if unknown:

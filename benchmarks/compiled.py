@@ -66,8 +66,9 @@ def numexpr_routes(threads):
 
 
 def numba_routes():
-    """tinyvit's own compiled kernels (tinyvit/fast/cpu_numba_*.py), or {} without Numba."""
-    if not cpu_numba.INSTALLED:
+    """tinyvit's own compiled kernels (tinyvit/fast/cpu_numba_*.py), or {} without Numba
+    or with its compiler turned off (NUMBA_DISABLE_JIT)."""
+    if not cpu_numba.INSTALLED or cpu_numba.jit_disabled():
         return {}
 
     def gelu_numba(x):
@@ -102,7 +103,8 @@ def routes(threads):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description="Does a compiled route earn its place? GELU and "
+                                "LayerNorm in NumPy blocks, numexpr and Numba against PyTorch.")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
     p.add_argument("--repeats", type=int, default=7, help="timed calls per turn (median)")
     p.add_argument("--rows", type=int, default=8320, help="rows of each array (M)")

@@ -48,6 +48,11 @@ LAYERS = [cls for source in (module, layers, conv, hybrid, vit, loss)
           if isinstance(cls, type) and issubclass(cls, module.Module) and cls is not module.Module
           and cls.__module__ == source.__name__]
 AUGMENTATIONS = ("random_crop", "horizontal_flip", "random_erasing", "mixup", "cutmix")
+# the methods timed, each charged as the forward or backward it is part of: the fast tier's
+# blocks call a LayerNorm's or a Linear's own entry points in place of forward and backward
+METHODS = {"forward": "forward", "backward": "backward", "project": "forward",
+           "forward_residual": "forward", "backward_residual": "backward",
+           "add_forward": "forward", "backward_add": "backward"}
 
 
 class Profile:
@@ -78,32 +83,33 @@ class Profile:
 
 
 def timed_methods():
-    """(class, method name, label) of every forward and backward a step may run: the
-    layers' and, where the fast tier has a kernel on the active backend, the kernel's,
+    """(class, method name, label) of every forward and backward a step may run (METHODS):
+    the layers' and, where the fast tier has a kernel on the active backend, the kernel's,
     each method where its class defines it. The label names the layer the call ran on
-    (a kernel's by its reference layer): ``ClassAttention.backward``, though the method
-    is ``Attention``'s."""
+    (a kernel's by its reference layer) and the pass: ``ClassAttention.backward``, though
+    the method is ``Attention``'s; ``LayerNorm.forward`` for ``forward_residual``."""
     kernels = fast.kernels()
     seen = set()
     for cls in LAYERS:
-        for name in ("forward", "backward"):
+        for name, part in METHODS.items():
             for built in (cls, kernels.get(cls, cls)):
-                owner = next(c for c in built.__mro__ if name in vars(c))
+                owner = next((c for c in built.__mro__ if name in vars(c)), module.Module)
                 if owner is not module.Module and (owner, name) not in seen:
                     seen.add((owner, name))
-                    yield owner, name, functools.partial(layer_label, name)
+                    yield owner, name, functools.partial(layer_label, part)
 
 
-def layer_label(name, layer, *args):
-    """"Layer.name" for a call of ``layer.name``: the first of LAYERS in its class's MRO
-    (a fast kernel subclasses its reference layer)."""
-    return f"{next(c for c in type(layer).__mro__ if c in LAYERS).__name__}.{name}"
+def layer_label(part, layer, *args):
+    """"Layer.part" for a call on ``layer``: the first of LAYERS in its class's MRO (a fast
+    kernel subclasses its reference layer)."""
+    return f"{next(c for c in type(layer).__mro__ if c in LAYERS).__name__}.{part}"
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--recipe", default="cifar10-gpu", choices=sorted(train_mnist.RECIPES))
-    p.add_argument("--config", choices=sorted(CONFIGS),
+    p.add_argument("--recipe", choices=sorted(train_mnist.RECIPES),
+                   help="the recipe whose step is timed (default cifar10-gpu)")
+    p.add_argument("--config", choices=sorted(CONFIGS), type=str.upper,
                    help="benchmark.py's model and step in place of a recipe's")
     p.add_argument("--batch", type=int, help="batch size (default: the recipe's, or 128)")
     p.add_argument("--images", type=int, default=4096,
@@ -113,6 +119,9 @@ def parse_args(argv=None):
     p.add_argument("--reference", action="store_true",
                    help="the reference layers of tinyvit/nn (else the fast kernels, as training)")
     args = p.parse_args(argv)
+    if args.config and args.recipe:
+        p.error(f"--config {args.config} and --recipe {args.recipe} each name a step: give one")
+    args.recipe = args.recipe or "cifar10-gpu"
     for name in ("batch", "images", "epochs"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             p.error(f"--{name} must be at least 1, got {getattr(args, name)}")

@@ -82,18 +82,33 @@ def test_every_turn_starts_with_untimed_steps(measure, monkeypatch, warmup, slow
     (SCRIPT, ["--batch", "-3"], "--batch must be at least 1, got -3"),
     (SCRIPT, ["--warmup", "-1"], "--warmup must be at least 0, got -1"),
     (SCRIPT, ["--configs", "A,Z"], "unknown config(s) ['Z']; known: A, B, C"),
+    (SCRIPT, ["--quick", "--configs", "D"], "unknown config(s) ['D']; known: A, B, C"),
+    (SCRIPT, ["--quick", "--steps", "0"], "--steps must be at least 1, got 0"),
     (SCRIPT, ["--tiers", "fast,quick"],
      "--tiers: expected distinct names among fast, reference, graph, got fast,quick"),
     (SCRIPT, ["--baseline", "/nonexistent"],
      "--baseline: expected a source tree holding tinyvit/__init__.py, got /nonexistent"),
     (PROFILE, ["--images", "0"], "--images must be at least 1, got 0"),
     (PROFILE, ["--batch", "-1"], "--batch must be at least 1, got -1"),
+    (PROFILE, ["--config", "b", "--recipe", "mnist"],
+     "--config B and --recipe mnist each name a step: give one"),
 ])
 def test_bad_flags_are_named_in_one_line(capsys, script, flags, message):
     with pytest.raises(SystemExit) as exit:
         load_script(script).parse_args(flags)
     assert exit.value.code == 2
     assert capsys.readouterr().err.splitlines()[-1].endswith(f": error: {message}")
+
+
+@pytest.mark.parametrize("flags, configs, steps, rounds", [
+    ([], ["A", "B", "C"], 5, 3),
+    (["--quick"], ["A"], 2, 1),
+    (["--quick", "--configs", "b"], ["B"], 2, 1),  # the flag given beside --quick wins
+    (["--configs", "C", "--quick", "--rounds", "2"], ["C"], 2, 2),
+])
+def test_quick_sets_only_the_flags_not_given(bench, flags, configs, steps, rounds):
+    args = bench.parse_args(flags)
+    assert (args.configs, args.steps, args.rounds) == (configs, steps, rounds)
 
 
 @pytest.mark.slow
@@ -218,6 +233,21 @@ def test_profile_charges_every_part_of_the_step(flags, layers):
             "AdamW.update", "augment.random_crop", "augment.horizontal_flip",
             "everything else"} <= set(parts)
     assert sum(parts.values()) == pytest.approx(step, abs=0.02 * len(parts))  # printed to 0.01 ms
+
+
+def test_profile_charges_a_layers_other_entry_points_to_its_own_forward_and_backward(bench):
+    """The fast Block and MLP call a LayerNorm's forward_residual and backward_residual and
+    a Linear's project in place of forward and backward: each is timed, and charged to
+    the layer it ran on, not to the block that called it (``bench``: benchmarks/ on the
+    path, for the profile's imports)."""
+    from tinyvit.fast import cpu
+    labels = {(owner, name): label
+              for owner, name, label in load_script(PROFILE).timed_methods()}
+    norm, linear = cpu.LayerNorm(4), cpu.Linear(2, 3)
+    assert labels[(cpu.LayerNorm, "forward_residual")](norm) == "LayerNorm.forward"
+    assert labels[(cpu.LayerNorm, "backward_residual")](norm) == "LayerNorm.backward"
+    assert labels[(cpu.Linear, "project")](linear) == "Linear.forward"
+    assert labels[(cpu.Linear, "backward")](linear) == "Linear.backward"
 
 
 def test_profile_of_a_benchmark_config_charges_its_step():

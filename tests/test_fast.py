@@ -640,6 +640,9 @@ def test_compiled_loops_refuse_arrays_of_another_shape_than_their_inputs():
         "layer_norm_backward: rstd must have shape (4, 1)":
             lambda: cpu_numba_norm.layer_norm_backward(x, x, np.ones((2, 1), f), np.ones(8, f),
                                                        None),
+        "layer_norm_backward: dout must have shape (4, 8) (as its input's), got (4, 9)":
+            lambda: cpu_numba_norm.layer_norm_backward(np.ones((4, 9), f), x, np.ones((4, 1), f),
+                                                       np.ones(8, f), None),
         "layer_norm_backward: dskip must have shape (4, 8)":
             lambda: cpu_numba_norm.layer_norm_backward(x, x, np.ones((4, 1), f), np.ones(8, f),
                                                        np.ones((4, 9), f)),
@@ -651,9 +654,11 @@ def test_compiled_loops_refuse_arrays_of_another_shape_than_their_inputs():
             call()
 
 
-def test_set_compiled_takes_true_false_or_none():
-    with pytest.raises(ValueError, match=r"set_compiled: expected True, False or None, got '0'"):
-        cpu_numba.set_compiled("0")
+@pytest.mark.parametrize("value", ["0", 1, 1.0])
+def test_set_compiled_takes_true_false_or_none(value):
+    with pytest.raises(ValueError, match=f"set_compiled: expected True, False or None, got "
+                                         f"{re.escape(repr(value))}"):
+        cpu_numba.set_compiled(value)
 
 
 def test_fast_layernorm_refuses_a_wrong_last_axis_and_integers_on_either_route(route):
@@ -1079,6 +1084,26 @@ def test_accelerate_swaps_the_layers_and_computes_the_same(backend, fields):
     for ours, theirs in zip(run(model, x, dlogits), run(reference, x, dlogits), strict=True):
         assert rel_err(ours, theirs) <= 1e-12
 
+
+
+@pytest.mark.parametrize("part, named", [([layers.GELU()], "list"), (None, "NoneType"),
+                                         (layers.GELU, "the class GELU")])
+def test_accelerate_refuses_what_is_not_a_module_or_an_optimizer(part, named):
+    with pytest.raises(TypeError, match=f"^accelerate: expected a built model, layer or loss "
+                                        f"\\(a Module\\) or an optimizer, got {named}$"):
+        fast.accelerate(part)
+
+
+def test_fast_gelu_leaves_its_input_as_it_was_on_either_route(route):
+    """``forward(u, bias)`` adds the bias into blocks of its own, not into u (which may be
+    read-only, or the caller's to keep)."""
+    for dtype in (np.float32, np.float64):
+        u = np.linspace(-3, 3, 64, dtype=dtype).reshape(8, 8)
+        u.flags.writeable = False
+        bias = np.full(8, 0.5, dtype)
+        y = cpu.GELU().forward(u, bias)
+        np.testing.assert_array_equal(u, np.linspace(-3, 3, 64, dtype=dtype).reshape(8, 8))
+        np.testing.assert_allclose(y, layers.GELU().forward(u + bias), rtol=1e-5, atol=1e-6)
 
 
 def test_for_tier_gives_accelerate_or_the_part_as_built():

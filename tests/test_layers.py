@@ -374,3 +374,18 @@ def test_a_second_backward_after_one_forward_is_an_error(tier, make):
 def test_linear_rejects_wrong_width(backend):
     with pytest.raises(ValueError, match="expected last axis 4, got input of shape"):
         Linear(4, 2).forward(randn(3, 5))
+
+
+@pytest.mark.parametrize("make, shape, message", [
+    (lambda: LayerNorm(4), (3, 5),
+     r"^LayerNorm: expected last axis 4, got input of shape \(3, 5\)$"),
+    (lambda: Attention(4, 2), (3, 4),
+     r"^Attention: expected input \(B, N, 4\), got shape \(3, 4\)$"),
+    (lambda: Attention(4, 2), (2, 3, 5),
+     r"^Attention: expected input \(B, N, 4\), got shape \(2, 3, 5\)$"),
+    (lambda: ClassAttention(4, 2), (1, 2, 3, 4),
+     r"^ClassAttention: expected input \(B, N, 4\), got shape \(1, 2, 3, 4\)$"),
+])
+def test_an_input_of_the_wrong_shape_is_named(backend, make, shape, message):
+    with pytest.raises(ValueError, match=message):
+        make().forward(randn(*shape))

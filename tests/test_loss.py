@@ -181,7 +181,10 @@ def test_labels_out_of_range(backend, labels, message):
         (np.zeros((3, 5)), np.zeros((3, 4)),
          r"soft targets must be \(B, K\) = \(3, 5\), got \(3, 4\)"),
         (np.zeros((3, 5)), np.zeros(3), r"soft targets must be \(B, K\) = \(3, 5\), got \(3,\)"),
-        (np.zeros(5), np.zeros(1, np.int64), r"expected logits \(B, K\), got shape \(5,\)"),
+        (np.zeros(5), np.zeros(1, np.int64),
+         r"expected logits \(B, K\) of one image or more, got shape \(5,\)"),
+        (np.zeros((0, 5)), np.zeros(0, np.int64),
+         r"expected logits \(B, K\) of one image or more, got shape \(0, 5\)"),
         (np.zeros((3, 5)), np.zeros(3, bool), "expected integer labels, got dtype bool"),
     ],
 )

@@ -184,6 +184,18 @@ def test_backward_before_forward_is_an_error():
         ViT(**TINY).backward(np.zeros((1, 3), np.float32))
 
 
+def test_a_gradient_of_another_shape_than_the_logits_is_named_and_the_forward_kept():
+    model = ViT(**TINY)
+    model.train()
+    x = np.zeros((2, 2, 8, 8), np.float32)
+    logits = model.forward(x)
+    with pytest.raises(ValueError, match=r"^ViT.backward: expected dlogits of the logits' "
+                                         r"shape \(2, 3\), got \(2, 4\)$"):
+        model.backward(np.zeros((2, 4), np.float32))
+    dx = model.backward(np.ones_like(logits))  # the forward's cache is still there
+    assert dx.shape == x.shape
+
+
 @pytest.mark.parametrize("pool", ["cls", "mean"])
 @pytest.mark.parametrize("batch", [1, 2])
 def test_whole_model_gradients(backend, tier, pool, batch):

@@ -25,6 +25,7 @@ nothing), and a layer's ``tier`` and ``repr`` say which code it runs.
 
 from ..backend import get_backend
 from ..nn.module import Module
+from ..nn.optim import Optimizer
 from . import blocks, cpu, cpu_numba, gpu, mkl
 
 KERNELS = {"numpy": cpu.KERNELS, "cupy": gpu.KERNELS}  # backend -> {reference class: kernel}
@@ -42,6 +43,10 @@ def accelerate(model):
     else: the parameters, their names, the optimizer's view of them stay. Call it
     on a model built on the active backend, before a forward (caches are dropped).
     A loss or an optimizer (on a GPU they have kernels too) is swapped the same way."""
+    if not isinstance(model, (Module, Optimizer)):
+        what = f"the class {model.__name__}" if isinstance(model, type) else type(model).__name__
+        raise TypeError(f"accelerate: expected a built model, layer or loss (a Module) or an "
+                        f"optimizer, got {what}")
     table = kernels()
     parts = [m for _, m in model.named_modules()] if isinstance(model, Module) else [model]
     for part in parts:

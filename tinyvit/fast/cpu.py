@@ -25,7 +25,8 @@ contract, and overrides only what it does faster. What makes each faster:
   by a matrix-vector product (``Conv2d``: ``cpu_conv.py``).
 Where Numba is installed, GELU and the attention's softmax (float32), LayerNorm and the
 softmax's backward run compiled loops (``cpu_numba_gelu.py``, ``cpu_numba_norm.py``,
-``cpu_numba_softmax.py``: the blocks' formulas, Phi near 0 and sums apart).
+``cpu_numba_softmax.py``): the blocks' formulas, but for GELU's derivative near 0, a series
+of its own, and LayerNorm's row sums, taken in float64.
 
 ``tests/test_fast.py`` checks every class here against its reference;
 docs/performance.md has what each change measured.
@@ -109,9 +110,7 @@ class LayerNorm(FastKernel, layers.LayerNorm):
     def forward_residual(self, x, r=None):
         """(s, y): s = x + r (x itself when r is None) and y = LayerNorm(s)."""
         check_float(x, "LayerNorm")
-        if x.shape[-1] != self.dim:
-            raise ValueError(f"LayerNorm: expected last axis {self.dim}, got input of shape "
-                             f"{x.shape}")
+        self.check_input(x)
         if self.compiled_for(x):
             s, xhat, rstd, y = cpu_numba_norm.layer_norm(
                 rows_of(x), None if r is None else rows_of(r), self.weight.data,
@@ -212,9 +211,7 @@ class GELU(FastKernel, layers.GELU):
         dydx = xp.empty(x.shape, dtype=x.dtype) if self.training else None
 
         def activate(x, y, dydx=None):  # one block of rows
-            if bias is not None:
-                x += bias  # x is fc1's fresh product, its own array
-            gelu(x, y, dydx)
+            gelu(x if bias is None else x + bias, y, dydx)  # x + bias: the block's, in cache
 
         arrays = [rows_of(a) for a in (x, y) + ((dydx,) if self.training else ())]
         each_block(activate, *arrays)

@@ -24,7 +24,9 @@ class FastAttentionCore(FastKernel):
     pass, and the backward's softmax step scales dS as it writes it, so that
     dq = dS k and dk = dS^T q need no pass of their own. The forward writes A v in
     the layout of the heads side by side (``merge_heads`` then copies nothing), the
-    backward dq, dk, dv straight into the qkv gradient's layout. Attention dropout,
+    backward dq, dk, dv straight into the qkv gradient's layout. The softmax and its
+    backward run compiled where Numba is installed (``cpu_numba_softmax.py``), else in
+    NumPy (``elementwise.py``). Attention dropout,
     where it is on, comes between the softmax and A v: the blocks then stop at the
     softmax, and the rest runs on the whole arrays.
     """

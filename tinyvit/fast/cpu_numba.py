@@ -8,8 +8,9 @@ one file per family: GELU (``cpu_numba_gelu.py``), LayerNorm and its backward
 (``cpu_numba_softmax.py``). A NumPy block still makes one call, and one pass over the
 block, per operation: twenty for GELU's formula. Compiled, each element (GELU) or row
 (LayerNorm, softmax) goes through the whole formula once, in registers. The formulas are
-the blocks' (``elementwise.py``). Compiled, each takes a quarter to a half of the blocks'
-time (``benchmarks/compiled.py``, ``ops.py``; docs/design.md says why these).
+the blocks' (``elementwise.py``). Compiled, GELU and LayerNorm take a quarter to a half of
+the blocks' time, the softmax about four fifths (``benchmarks/compiled.py``, ``ops.py``;
+docs/design.md says why these).
 
 ``cpu.GELU`` (float32; float64 keeps the exact erf), ``cpu.LayerNorm`` and the attention
 (``cpu_attention.py``) call them when ``compiled()`` says so: Numba is installed and
@@ -56,7 +57,7 @@ def set_compiled(on):
     """Use the compiled kernels (True), the NumPy blocks (False), or what
     ``TINYVIT_NUMBA`` says (None)."""
     global _chosen
-    if on not in (True, False, None):
+    if not any(on is choice for choice in (True, False, None)):  # 1 and 1.0 are not True
         raise ValueError(f"set_compiled: expected True, False or None, got {on!r}")
     if on and not INSTALLED:
         raise ImportError('set_compiled(True) needs Numba: pip install -e ".[numba]"')
@@ -118,7 +119,9 @@ def exp_nonpositive(g):
     """exp(g) for float32 g in [-87, 0], as 2^n e^r: n = g / ln 2 rounded, r = g -
     n ln 2 in [-0.35, 0.35] (ln 2 in two parts, so that r is exact), e^r by ``EXP_R``'s
     polynomial (relative error 1e-7), 2^n from its bits: no library call, so
-    a loop calling it compiles to vector instructions (compiled in place by ``_numba``)."""
+    a loop calling it compiles to vector instructions (compiled in place by ``_numba``:
+    the kernels' files call it as ``cpu_numba.exp_nonpositive``, an attribute Numba reads
+    when it compiles them, so that they get the compiled function, not this one)."""
     n = I32(g * LOG2E - HALF)  # rounds: g * LOG2E <= 0, and int() truncates
     r = (g - F(n) * LN2_HI) - F(n) * LN2_LO
     e_r = E0 + r * (E1 + r * (E2 + r * (E3 + r * (E4 + r * (E5 + r * E6)))))

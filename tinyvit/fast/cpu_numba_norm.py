@@ -92,8 +92,8 @@ def layer_norm_backward(dout, xhat, rstd, weight, dskip):
     add = dskip is not None
     dout, xhat, rstd = (xp.ascontiguousarray(a) for a in (dout, xhat, rstd))
     dskip = xp.ascontiguousarray(dskip) if add else dout
-    M, D = dout.shape
-    check_shapes("layer_norm_backward", xhat=(xhat, (M, D)), rstd=(rstd, (M, 1)),
+    M, D = xhat.shape  # the forward's
+    check_shapes("layer_norm_backward", dout=(dout, (M, D)), rstd=(rstd, (M, 1)),
                  weight=(weight, (D,)), dskip=(dskip, (M, D)))
     dx = xp.empty(dout.shape, dtype=dout.dtype)
     w, kernel = xp.ascontiguousarray(weight), compile_for_block(_layer_norm_backward)

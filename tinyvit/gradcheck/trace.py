@@ -25,7 +25,7 @@ MATH = ("nn", "models", "fast", "learn/steps.py")
 # the process down, so the search leaves them as they are
 UNCHECKED = ("fast/cpu_numba.py", "fast/cpu_numba_gelu.py", "fast/cpu_numba_norm.py",
              "fast/cpu_numba_softmax.py", "fast/mkl.py", "fast/cublas.py")
-PLUMBING = {"_take_cache"}
+PLUMBING = {"_take_cache", "check_gradient"}  # the cache taken, the gradient's shape checked
 LIBRARIES = {Path(p).resolve() for key in ("stdlib", "platstdlib", "purelib", "platlib")
              if (p := sysconfig.get_paths().get(key))}
 

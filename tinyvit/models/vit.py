@@ -100,6 +100,16 @@ class ViT(Module):
         """Raise a ValueError naming what was expected and what came."""
         check_images(images, "ViT", self.config.in_channels, self.config.image_size)
 
+    def check_gradient(self, dlogits):
+        """Raise a ValueError unless dlogits has the last forward's logits' shape (B, K),
+        before the backward takes the forward's cache."""
+        if self.cache is None:
+            return  # _take_cache says so
+        logits = (self.cache[0], self.config.num_classes)  # (B, K)
+        if tuple(dlogits.shape) != logits:
+            raise ValueError(f"ViT.backward: expected dlogits of the logits' shape {logits}, "
+                             f"got {tuple(dlogits.shape)}")
+
     def forward(self, images):
         self.check_input(images)
         x = self.patch_embed.forward(images)  # (B, G^2, D)
@@ -125,6 +135,7 @@ class ViT(Module):
         (cls), or every patch token gets 1/G^2 of it (mean; G^2 = N - 1 patches). The class token
         and the position embedding are added to every image, so their gradients
         are sums over the batch; the patch rows go back through patch_embed."""
+        self.check_gradient(dlogits)
         B, N, D = self._take_cache()
         dfeatures = self.head.backward(dlogits)  # (B, D), or (B, R)
         if self.pre_logits is not None:

@@ -183,7 +183,13 @@ class LayerNorm(Module):
         self.weight = Parameter(xp.ones(dim, dtype=dtype))
         self.bias = Parameter(xp.zeros(dim, dtype=dtype))
 
+    def check_input(self, x):
+        if x.shape[-1:] != (self.dim,):
+            raise ValueError(f"LayerNorm: expected last axis {self.dim}, got input of shape "
+                             f"{x.shape}")
+
     def forward(self, x):
+        self.check_input(x)
         xhat, rstd, _, _ = standardize(x, -1, self.eps)  # (..., D) and (..., 1)
         self.cache = (xhat, rstd) if self.training else None
         return self.weight.data * xhat + self.bias.data
@@ -358,7 +364,14 @@ class Attention(Module):
         self.proj_drop = Dropout(proj_dropout)
         self.keep_attn, self.attn = False, None
 
+    def check_input(self, x):
+        D = self.num_heads * self.head_dim
+        if x.ndim != 3 or x.shape[-1] != D:
+            raise ValueError(f"{type(self).__name__}: expected input (B, N, {D}), got shape "
+                             f"{x.shape}")
+
     def forward(self, x):
+        self.check_input(x)
         q, k, v = split_heads(self.qkv.forward(x), self.num_heads)  # each (B, NH, N, Dh)
         ctx = self.attend(q, k, v)  # (B, NH, N, Dh)
         return self.proj_drop.forward(self.proj.forward(merge_heads(ctx)))  # (B, N, D)
@@ -423,6 +436,7 @@ class ClassAttention(Attention):
     """
 
     def forward(self, x):
+        self.check_input(x)
         q, k, v = split_heads(self.qkv.forward(x), self.num_heads)  # each (B, NH, N, Dh)
         ctx = self.attend(q[:, :, :1], k, v)  # (B, NH, 1, Dh)
         if self.keep_attn:

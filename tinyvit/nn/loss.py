@@ -49,9 +49,10 @@ class SoftmaxCrossEntropy(Module):
         return (xp.exp(log_probs) - t) * (dout / log_probs.shape[0])
 
     def _check_logits(self, logits):
-        if logits.ndim != 2:
+        if logits.ndim != 2 or logits.shape[0] == 0:
             raise ValueError(
-                f"SoftmaxCrossEntropy: expected logits (B, K), got shape {logits.shape}"
+                f"SoftmaxCrossEntropy: expected logits (B, K) of one image or more, got shape "
+                f"{logits.shape}"
             )
         if not xp.issubdtype(logits.dtype, xp.floating):
             raise ValueError(
