@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # train_mnist.py's RECIPES
 
 import train_mnist  # noqa: E402
+from machine import cpu_kernels, describe_cpu_kernels  # noqa: E402
 from runners import CONFIGS, RUNNER_NAMES, make_runner  # noqa: E402
 from tinyvit import allocator, backend, fast  # noqa: E402
 from tinyvit.data import augment, dataset_info  # noqa: E402
@@ -202,7 +203,8 @@ def main(argv=None):
     args = parse_args(argv)
     allocator.keep_freed_memory()
     title, model, optimizer, run = (config_step if args.config else recipe_step)(args)
-    print(f"{title}, backend {backend.get_backend()}, {model.describe_tier()}")
+    kernels = "" if args.gpu else f"; {describe_cpu_kernels(cpu_kernels())}"
+    print(f"{title}, backend {backend.get_backend()}, {model.describe_tier()}{kernels}")
     run(0)  # warm-up: allocations, and on a GPU the kernels' compilation
     steps, seconds = run(1)
     print(f"step without the timers: {1e3 * seconds / steps:.2f} ms ({steps} steps)")

@@ -11,7 +11,7 @@ import numpy as np
 
 import tinyvit
 from tinyvit import allocator, backend
-from tinyvit.fast import openblas
+from tinyvit.fast import blocks, cpu_numba, mkl, openblas
 
 try:
     import torch
@@ -77,12 +77,29 @@ def machine_report(gpu):
         "cores": os.cpu_count(),
         "load_average_1min": os.getloadavg()[0],
     }
+    if not gpu:
+        report["cpu_kernels"] = cpu_kernels()
     if gpu:
         import cupy
 
         report["gpu"] = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
         report["cupy"] = cupy.__version__
     return report
+
+
+def cpu_kernels():
+    """How tinyvit's fast CPU kernels run in this process: their threads, and the routes
+    ``TINYVIT_NUMBA`` and ``TINYVIT_MKL`` (or the code) chose."""
+    return {"threads": blocks.num_threads(), "numba": cpu_numba.compiled(),
+            "mkl": mkl.enabled()}
+
+
+def describe_cpu_kernels(kernels):
+    numba = ("compiled by Numba (TINYVIT_NUMBA=0: in NumPy blocks)" if kernels["numba"]
+             else "in NumPy blocks")
+    blas = "MKL (TINYVIT_MKL=0: NumPy's BLAS)" if kernels["mkl"] else "NumPy's BLAS"
+    return (f"tinyvit threads {kernels['threads']}; GELU, LayerNorm and the softmax {numba}; "
+            f"Linear's products by {blas}")
 
 
 def print_machine(report):
@@ -105,6 +122,8 @@ def print_machine(report):
     print_openblas_variables(report["env"])
     print(f"OpenBLAS's idle threads spin 2^{report['openblas_idle_spin_log2_cycles']} cycles once "
           "tinyvit's blocks run on threads (tinyvit.fast.openblas; OpenBLAS's own: 2^28)")
+    if "cpu_kernels" in report:
+        print(f"kernels     {describe_cpu_kernels(report['cpu_kernels'])}")
 
 
 def print_openblas_variables(env):

@@ -41,10 +41,8 @@ from tinyvit.fast import (  # noqa: E402
     blocks,
     cpu,
     cpu_attention,
-    cpu_numba,
     cpu_numba_softmax,
     elementwise,
-    mkl,
 )
 from tinyvit.nn import layers  # noqa: E402
 
@@ -386,11 +384,6 @@ def main(argv=None):
         sys.exit("benchmarks/ops.py compares with PyTorch: pip install torch")
     setup_backends(gpu=False)
     print_machine(machine_report(gpu=False))
-    route = ("compiled by Numba (TINYVIT_NUMBA=0: the blocks)" if cpu_numba.compiled()
-             else "in NumPy blocks")
-    blas = "MKL (TINYVIT_MKL=0: NumPy's)" if mkl.enabled() else "NumPy's BLAS"
-    print(f"tinyvit threads {blocks.num_threads()}, torch threads {torch.get_num_threads()}; "
-          f"GELU, LayerNorm and the softmax {route}; Linear's products by {blas}")
     bandwidth, gemm = bandwidth_and_gemm(args.repeats)
     table, medians = run(args.rounds, args.repeats, args.batch)
     print_table(table, medians, bandwidth, gemm)

@@ -332,6 +332,21 @@ def test_paired_times_two_commands_in_turn_and_stops_at_a_failure(tmp_path, caps
         paired.main(["-n", "1", "exit 3", "true"])
 
 
+@pytest.mark.parametrize("numba, mkl, says", [
+    (True, False, "GELU, LayerNorm and the softmax compiled by Numba (TINYVIT_NUMBA=0: in NumPy "
+                  "blocks); Linear's products by NumPy's BLAS"),
+    (False, True, "GELU, LayerNorm and the softmax in NumPy blocks; Linear's products by MKL "
+                  "(TINYVIT_MKL=0: NumPy's BLAS)"),
+])
+def test_the_machine_report_says_which_route_the_cpu_kernels_take(bench, numba, mkl, says):
+    """What a figure was measured with: benchmark.py's report (and its JSON), ops.py's,
+    compiled.py's and the layer profile's first line name the kernels' threads and routes."""
+    import machine
+    kernels = {"threads": 3, "numba": numba, "mkl": mkl}
+    assert machine.describe_cpu_kernels(kernels) == f"tinyvit threads 3; {says}"
+    assert set(machine.machine_report(gpu=False)["cpu_kernels"]) == {"threads", "numba", "mkl"}
+
+
 def test_ops_prints_a_row_per_op_with_both_times(capsys):
     """benchmarks/ops.py on a batch of 2 images: every op's row, with a time for each
     framework, a ratio and a share of the bandwidth or of the GEMM throughput."""
