@@ -25,7 +25,14 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from ops import median_ms  # noqa: E402
 
 from machine import machine_report, print_machine, setup_backends, torch  # noqa: E402
-from tinyvit.fast import blocks, cpu, cpu_numba, cpu_numba_gelu, cpu_numba_norm, elementwise  # noqa: E402
+from tinyvit.fast import (  # noqa: E402
+    blocks,
+    cpu,
+    cpu_numba,
+    cpu_numba_gelu,
+    cpu_numba_norm,
+    elementwise,
+)
 from tinyvit.nn.functional import SQRT_HALF  # noqa: E402
 
 C = np.float32(elementwise.ERFC_P * SQRT_HALF)  # t = 1 / (1 + C |x|)

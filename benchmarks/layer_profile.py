@@ -101,9 +101,15 @@ def timed_methods():
 
 
 def layer_label(part, layer, *args):
-    """"Layer.part" for a call on ``layer``: the first of LAYERS in its class's MRO (a fast
-    kernel subclasses its reference layer)."""
-    return f"{next(c for c in type(layer).__mro__ if c in LAYERS).__name__}.{part}"
+    """"Layer.part" for a call on ``layer``."""
+    return f"{layer_name(type(layer))}.{part}"
+
+
+@functools.cache
+def layer_name(cls):
+    """The name of the first of LAYERS in ``cls``'s MRO (a fast kernel subclasses its
+    reference layer), once per class: the timers call it on every call they time."""
+    return next(c for c in cls.__mro__ if c in LAYERS).__name__
 
 
 def parse_args(argv=None):

@@ -26,9 +26,9 @@ class FastAttentionCore(FastKernel):
     the layout of the heads side by side (``merge_heads`` then copies nothing), the
     backward dq, dk, dv straight into the qkv gradient's layout. The softmax and its
     backward run compiled where Numba is installed (``cpu_numba_softmax.py``), else in
-    NumPy (``elementwise.py``). Attention dropout,
-    where it is on, comes between the softmax and A v: the blocks then stop at the
-    softmax, and the rest runs on the whole arrays.
+    NumPy (``elementwise.py``). Attention dropout, where it is on, comes between the
+    softmax and A v: the blocks then stop at the softmax, and the rest runs on the whole
+    arrays.
     """
 
     def dropping(self):

@@ -271,7 +271,7 @@ class _Repair:
                 grads = _plain_backward(mine, inputs, before_forward, dout)
             except Exception:
                 return False
-        return all(not is_array(g) or g.dtype == inputs[0].dtype for g in grads.values())
+        return _widened(grads, inputs[0].dtype) is None
 
     def lines(self):
         """The fix, said, or how far the search looked where it found none."""
@@ -356,14 +356,21 @@ def _keeps_dtype(ex, yours, case):
     grads, ran = trace(lambda: _plain_backward(mine, inputs, before_forward, dout))
     if isinstance(grads, Exception):
         raise ExerciseFailed(_paragraph(ex, where, _after(grads))) from None
-    for name, value in grads.items():
-        if is_array(value) and value.dtype != inputs[0].dtype:
-            raise ExerciseFailed(_paragraph(
-                ex, where, f"{_tensor(name)} is {value.dtype} where the input is "
-                f"{inputs[0].dtype}{_widened_at(ran, inputs[0].dtype)}: an array made without "
-                "dtype= (xp.zeros(shape) is float64: give it dtype=dout.dtype, or use "
-                "zeros_like), or a NumPy float64 number (xp.sqrt(2 * xp.pi) is one: a float "
-                "of Python's, math.sqrt(2 * math.pi), keeps the array's dtype)"))
+    widened = _widened(grads, inputs[0].dtype)
+    if widened is not None:
+        name, value = widened
+        raise ExerciseFailed(_paragraph(
+            ex, where, f"{_tensor(name)} is {value.dtype} where the input is "
+            f"{inputs[0].dtype}{_widened_at(ran, inputs[0].dtype)}: an array made without "
+            "dtype= (xp.zeros(shape) is float64: give it dtype=dout.dtype, or use "
+            "zeros_like), or a NumPy float64 number (xp.sqrt(2 * xp.pi) is one: a float "
+            "of Python's, math.sqrt(2 * math.pi), keeps the array's dtype)"))
+
+
+def _widened(grads, dtype):
+    """(name, gradient) of the first gradient not of ``dtype``, or None."""
+    return next(((name, g) for name, g in grads.items() if is_array(g) and g.dtype != dtype),
+                None)
 
 
 def _in_float32(case, yours):
