@@ -147,6 +147,8 @@ def parse_args(argv=None):
     check_baseline(p, args)
     args.configs = [c.strip().upper() for c in args.configs.split(",") if c.strip()]
     unknown = [c for c in args.configs if c not in CONFIGS]
+    if not args.configs:
+        p.error(f"--configs: expected one or more of {', '.join(CONFIGS)}, got none")
     if unknown:
         p.error(f"unknown config(s) {unknown}; known: {', '.join(CONFIGS)}")
     return args

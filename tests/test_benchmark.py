@@ -83,6 +83,7 @@ def test_every_turn_starts_with_untimed_steps(measure, monkeypatch, warmup, slow
     (SCRIPT, ["--warmup", "-1"], "--warmup must be at least 0, got -1"),
     (SCRIPT, ["--configs", "A,Z"], "unknown config(s) ['Z']; known: A, B, C"),
     (SCRIPT, ["--quick", "--configs", "D"], "unknown config(s) ['D']; known: A, B, C"),
+    (SCRIPT, ["--configs", " , "], "--configs: expected one or more of A, B, C, got none"),
     (SCRIPT, ["--quick", "--steps", "0"], "--steps must be at least 1, got 0"),
     (SCRIPT, ["--tiers", "fast,quick"],
      "--tiers: expected distinct names among fast, reference, graph, got fast,quick"),

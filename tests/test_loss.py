@@ -186,6 +186,11 @@ def test_labels_out_of_range(backend, labels, message):
         (np.zeros((0, 5)), np.zeros(0, np.int64),
          r"expected logits \(B, K\) of one image or more, got shape \(0, 5\)"),
         (np.zeros((3, 5)), np.zeros(3, bool), "expected integer labels, got dtype bool"),
+        (np.zeros((2, 3)), np.ones((2, 3)),
+         r"soft targets must be distributions \(each row's entries at least 0, summing to 1\), "
+         r"got entries down to 1 and a row summing to 3$"),
+        (np.zeros((2, 3)), np.array([[1.5, -0.5, 0.0], [0.0, 1.0, 0.0]]),
+         "soft targets must be distributions .*, got entries down to -0.5 and a row summing to 1$"),
     ],
 )
 def test_bad_inputs_get_clear_errors(backend, logits, target, message):

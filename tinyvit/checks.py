@@ -20,6 +20,20 @@ def check_label_range(labels, num_classes, where):
                          f"classes, got labels in [{low}, {high}]")
 
 
+def check_distributions(targets, where, tolerance=1e-2):
+    """A ValueError unless every row of the soft ``targets`` (B, K) is a distribution:
+    no entry below 0, a sum of 1 (to ``tolerance``). Reads their values: on a GPU, a
+    wait for the device."""
+    if targets.size == 0:
+        return
+    low, sums = float(targets.min()), targets.sum(axis=-1)
+    worst = float(sums.ravel()[int(abs(sums - 1).argmax())])
+    if low < 0 or abs(worst - 1) > tolerance:
+        raise ValueError(f"{where}soft targets must be distributions (each row's entries at "
+                         f"least 0, summing to 1), got entries down to {low:.4g} and a row "
+                         f"summing to {worst:.4g}")
+
+
 def check_float(x, layer):
     """A ValueError unless ``x`` is an array of floats."""
     if x.dtype.kind != "f":

@@ -1,7 +1,7 @@
 """Softmax cross-entropy, with label smoothing and soft (mixup/cutmix) targets."""
 
 from ..backend import xp
-from ..checks import check_label_range
+from ..checks import check_distributions, check_label_range
 from .functional import log_softmax
 from .module import Module
 
@@ -80,8 +80,12 @@ class SoftmaxCrossEntropy(Module):
             )
 
     def check_labels(self, target, num_classes):
-        """A clear ValueError unless integer labels are in [0, num_classes): the one
-        check that reads the labels' values (on a GPU, a wait for the device)."""
-        if not xp.issubdtype(target.dtype, xp.floating):
+        """A clear ValueError unless integer labels are in [0, num_classes), or soft
+        targets are distributions (the backward's (p - t) / B is the gradient only where
+        each row of t sums to 1): the one check that reads the targets' values (on a GPU,
+        a wait for the device)."""
+        if xp.issubdtype(target.dtype, xp.floating):
+            check_distributions(target, "SoftmaxCrossEntropy: ")
+        else:
             check_label_range(target, num_classes, "SoftmaxCrossEntropy: ")
 
