@@ -217,7 +217,7 @@ def main(argv=None):
     rank, size = launched()
     try:
         args, mode = parse_args(argv)
-        check_environment()  # TINYVIT_NUM_THREADS, TINYVIT_NUMBA
+        check_environment()  # TINYVIT_NUM_THREADS, TINYVIT_NUMBA, TINYVIT_MKL, read again
         config = make_config(args) if mode == "train" else None
         world = communicator() if size > 1 else None
     except (ValueError, LaunchError) as error:  # a flag out of range, or one its mode would

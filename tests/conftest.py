@@ -40,6 +40,15 @@ MNIST_FILES = {
 TINY_MODEL = {"embed_dim": 16, "depth": 1, "num_heads": 2}
 
 
+@pytest.fixture(autouse=True)
+def kernel_settings_read_again():
+    """After each test, once monkeypatch has put the environment back (an autouse
+    fixture is set up first, so torn down last), the fast CPU kernels read their
+    variables again: a test's TINYVIT_NUMBA=0 does not outlive it."""
+    yield
+    fast.check_environment()
+
+
 @pytest.fixture(
     params=[
         "numpy",

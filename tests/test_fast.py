@@ -334,10 +334,13 @@ def test_tinyvit_mkl_chooses_the_products_and_refuses_other_values(monkeypatch):
         monkeypatch.setattr(mkl, "intel_processor", lambda intel=intel: intel)
         if setting is not None:
             monkeypatch.setenv(mkl.ENVIRONMENT_VARIABLE, setting)
+        mkl.set_enabled(None)  # read again
         assert mkl.enabled() is expected, (intel, setting)
     monkeypatch.setattr(mkl, "library_path", lambda: None)
+    mkl.set_enabled(None)
     assert mkl.enabled() is False
     monkeypatch.setenv(mkl.ENVIRONMENT_VARIABLE, "on")
+    mkl.set_enabled(None)
     with pytest.raises(ValueError, match=r"TINYVIT_MKL: expected 1 \(MKL's products, where it is "
                                          r"installed\) or 0 \(NumPy's\), got 'on'"):
         mkl.enabled()
@@ -561,10 +564,13 @@ def test_compiled_kernels_give_the_same_bits_on_one_thread_and_on_two(threads, d
 @pytest.mark.skipif(not cpu_numba.INSTALLED, reason="Numba is not installed")
 def test_tinyvit_numba_turns_the_compiled_kernels_off_and_refuses_other_values(monkeypatch):
     monkeypatch.setenv(cpu_numba.ENVIRONMENT_VARIABLE, "0")
+    cpu_numba.set_compiled(None)  # read again
     assert not cpu_numba.compiled()
     monkeypatch.setenv(cpu_numba.ENVIRONMENT_VARIABLE, "1")
+    cpu_numba.set_compiled(None)
     assert cpu_numba.compiled()
     monkeypatch.setenv(cpu_numba.ENVIRONMENT_VARIABLE, "off")
+    cpu_numba.set_compiled(None)
     with pytest.raises(ValueError, match=r"TINYVIT_NUMBA: expected 1 \(compiled, where Numba is "
                                          r"installed\) or 0 \(the NumPy blocks\), got 'off'"):
         cpu_numba.compiled()
@@ -614,12 +620,14 @@ def test_numba_disable_jit_gives_the_numpy_blocks(monkeypatch):
     intrinsics cannot: the fast layers take the NumPy blocks, and set_compiled(True) says
     why it cannot. A value Numba ignores (not a whole number) changes nothing."""
     monkeypatch.setenv("NUMBA_DISABLE_JIT", "1")
+    cpu_numba.set_compiled(None)  # read again
     assert not cpu_numba.compiled()
     assert not cpu_numba_softmax.takes_block(np.ones((2, 3), np.float32))
     with pytest.raises(ValueError, match=r"set_compiled\(True\) needs Numba's compiler, which "
                                          r"NUMBA_DISABLE_JIT turns off \(it is '1'\)"):
         cpu_numba.set_compiled(True)
     monkeypatch.setenv("NUMBA_DISABLE_JIT", "false")
+    cpu_numba.set_compiled(None)
     assert cpu_numba.compiled()
 
 
@@ -819,16 +827,37 @@ def test_threads_whose_first_compiled_kernels_come_at_once_set_numba_up_once(tmp
 
 def test_set_compiled_true_without_numba_names_the_extra(monkeypatch):
     monkeypatch.setattr(cpu_numba, "INSTALLED", False)
+    cpu_numba.set_compiled(None)  # read again
     assert not cpu_numba.compiled()
     with pytest.raises(ImportError,
                        match=r'set_compiled\(True\) needs Numba: pip install -e "\.\[numba\]"'):
         cpu_numba.set_compiled(True)
 
 
+def test_the_kernels_read_their_variables_once_until_asked_again(monkeypatch):
+    """Read at the first call, not on every one: a variable changed afterwards counts
+    from ``check_environment()`` (the trainer's start) or ``set_...(None)`` on."""
+    monkeypatch.setattr(mkl, "library_path", lambda: "/lib/libmkl_rt.so.2")
+    settings = [(blocks.ENVIRONMENT_VARIABLE, blocks.num_threads, "3", 3, "5", 5),
+                (mkl.ENVIRONMENT_VARIABLE, mkl.enabled, "0", False, "1", True)]
+    if cpu_numba.INSTALLED:
+        settings.append((cpu_numba.ENVIRONMENT_VARIABLE, cpu_numba.compiled, "0", False, "1", True))
+    for variable, setting, first, read_first, then, read_then in settings:
+        monkeypatch.setenv(variable, first)
+        fast.check_environment()
+        assert setting() == read_first, variable
+        monkeypatch.setenv(variable, then)
+        assert setting() == read_first, variable
+        fast.check_environment()
+        assert setting() == read_then, variable
+
+
 def test_threads_follow_set_num_threads_then_the_environment_then_the_cores(threads, monkeypatch):
     monkeypatch.delenv(blocks.ENVIRONMENT_VARIABLE, raising=False)
+    threads(None)  # read again
     assert blocks.num_threads() == blocks.available_cores()
     monkeypatch.setenv(blocks.ENVIRONMENT_VARIABLE, "3")
+    threads(None)
     assert blocks.num_threads() == 3
     threads(1)
     assert blocks.num_threads() == 1
@@ -836,6 +865,7 @@ def test_threads_follow_set_num_threads_then_the_environment_then_the_cores(thre
     assert blocks.num_threads() == 3
     for bad in ("0", "two", "1.5"):
         monkeypatch.setenv(blocks.ENVIRONMENT_VARIABLE, bad)
+        threads(None)
         with pytest.raises(ValueError, match=f"TINYVIT_NUM_THREADS: expected a whole number "
                                              f"of threads >= 1, got '{bad}'"):
             blocks.num_threads()

@@ -67,8 +67,11 @@ def for_tier(tier):
 
 
 def check_environment():
-    """A ValueError naming the variable if ``TINYVIT_NUM_THREADS``, ``TINYVIT_NUMBA`` or
-    ``TINYVIT_MKL`` holds a value the CPU kernels would refuse at their first call."""
+    """Read ``TINYVIT_NUM_THREADS``, ``TINYVIT_NUMBA`` and ``TINYVIT_MKL`` again (the
+    kernels read them once, at their first call): a ValueError naming the variable if
+    one holds a value the kernels would refuse."""
+    for setting in (blocks.from_environment, cpu_numba.from_environment, mkl.from_environment):
+        setting.cache_clear()
     blocks.num_threads()
     cpu_numba.compiled()
     mkl.enabled()

@@ -27,12 +27,14 @@ that a sum over blocks adds up in the same order whatever the thread count.
 
 How many threads: ``set_num_threads(n)``, else the environment variable
 ``TINYVIT_NUM_THREADS``, else the cores this process may run on
-(``os.sched_getaffinity``). The worker processes of ``tinyvit.train.parallel``
+(``os.sched_getaffinity``), read at the first call (``set_num_threads(None)`` reads
+them again). The worker processes of ``tinyvit.train.parallel``
 start with one thread each, and under MPI each process takes its share of its
 machine's cores (``tinyvit.train.distributed``). A process forked from one that
 has started the pool starts a pool of its own when it first needs one.
 """
 
+import functools
 import itertools
 import os
 import threading
@@ -68,8 +70,13 @@ def _positive(value, what):
 
 def num_threads():
     """The threads ``each_block`` spreads its blocks over."""
-    if _chosen is not None:
-        return _chosen
+    return _chosen if _chosen is not None else from_environment()
+
+
+@functools.cache
+def from_environment():
+    """``TINYVIT_NUM_THREADS``, else the cores available, read at the first call, not on
+    every one (reading a variable takes about 1.5 µs, and the kernels ask per block)."""
     setting = os.environ.get(ENVIRONMENT_VARIABLE)
     if setting is not None:
         return _positive(setting, ENVIRONMENT_VARIABLE)
@@ -78,10 +85,12 @@ def num_threads():
 
 def set_num_threads(count):
     """Use ``count`` threads from now on (None: back to ``TINYVIT_NUM_THREADS`` or
-    the cores available), for the NumPy blocks and the compiled ones (``cpu_numba_*.py``)
-    alike."""
+    the cores available, read again), for the NumPy blocks and the compiled ones
+    (``cpu_numba_*.py``) alike."""
     global _chosen
     _chosen = None if count is None else _positive(count, "set_num_threads")
+    if count is None:
+        from_environment.cache_clear()
 
 
 def _get_pool(workers):

@@ -42,10 +42,16 @@ _chosen = None  # set_compiled's choice, None: the environment's
 
 def compiled():
     """Whether the kernels here run (Numba installed, its compiler on, and not turned off)."""
+    return _chosen if _chosen is not None else from_environment()
+
+
+@functools.cache
+def from_environment():
+    """Whether Numba is installed, its compiler on and ``TINYVIT_NUMBA`` not 0, read at the
+    first call, not on every one (reading a variable takes about 1.5 µs, and the softmax
+    asks per block)."""
     if not INSTALLED or jit_disabled():
         return False
-    if _chosen is not None:
-        return _chosen
     setting = os.environ.get(ENVIRONMENT_VARIABLE, "1").strip()
     if setting not in ("0", "1"):
         raise ValueError(f"{ENVIRONMENT_VARIABLE}: expected 1 (compiled, where Numba is "
@@ -55,7 +61,7 @@ def compiled():
 
 def set_compiled(on):
     """Use the compiled kernels (True), the NumPy blocks (False), or what
-    ``TINYVIT_NUMBA`` says (None)."""
+    ``TINYVIT_NUMBA`` says (None, read again)."""
     global _chosen
     if not any(on is choice for choice in (True, False, None)):  # 1 and 1.0 are not True
         raise ValueError(f"set_compiled: expected True, False or None, got {on!r}")
@@ -65,6 +71,8 @@ def set_compiled(on):
         raise ValueError("set_compiled(True) needs Numba's compiler, which NUMBA_DISABLE_JIT "
                          f"turns off (it is {os.environ['NUMBA_DISABLE_JIT']!r})")
     _chosen = on
+    if on is None:
+        from_environment.cache_clear()
 
 
 def jit_disabled():

@@ -65,8 +65,14 @@ def intel_processor():
 
 def enabled():
     """Whether ``cpu.Linear`` multiplies by MKL (installed, and chosen or on Intel)."""
-    if _chosen is not None:
-        return _chosen
+    return _chosen if _chosen is not None else from_environment()
+
+
+@functools.cache
+def from_environment():
+    """What ``TINYVIT_MKL``, MKL's presence and the processor say, read at the first
+    call, not on every one (reading a variable takes about 1.5 µs, and every Linear
+    asks)."""
     setting = os.environ.get(ENVIRONMENT_VARIABLE, "").strip()
     if setting not in ("", "0", "1"):
         raise ValueError(f"{ENVIRONMENT_VARIABLE}: expected 1 (MKL's products, where it is "
@@ -78,13 +84,15 @@ def enabled():
 
 def set_enabled(on):
     """Use MKL (True), NumPy's BLAS (False), or what ``TINYVIT_MKL`` and the processor
-    say (None)."""
+    say (None, read again)."""
     global _chosen
     if not any(on is choice for choice in (True, False, None)):
         raise ValueError(f"set_enabled: expected True, False or None, got {on!r}")
     if on and library_path() is None:
         raise ImportError('set_enabled(True) needs MKL: pip install -e ".[mkl]"')
     _chosen = on
+    if on is None:
+        from_environment.cache_clear()
 
 
 def _gemm(dtype):
