@@ -340,9 +340,10 @@ def test_tinyvit_mkl_chooses_the_products_and_refuses_other_values(monkeypatch):
     mkl.set_enabled(None)
     assert mkl.enabled() is False
     monkeypatch.setenv(mkl.ENVIRONMENT_VARIABLE, "on")
-    mkl.set_enabled(None)
     with pytest.raises(ValueError, match=r"TINYVIT_MKL: expected 1 \(MKL's products, where it is "
                                          r"installed\) or 0 \(NumPy's\), got 'on'"):
+        mkl.set_enabled(None)  # refused when read, not by the next product
+    with pytest.raises(ValueError, match="TINYVIT_MKL: .* got 'on'"):
         mkl.enabled()
 
 
@@ -570,9 +571,11 @@ def test_tinyvit_numba_turns_the_compiled_kernels_off_and_refuses_other_values(m
     cpu_numba.set_compiled(None)
     assert cpu_numba.compiled()
     monkeypatch.setenv(cpu_numba.ENVIRONMENT_VARIABLE, "off")
-    cpu_numba.set_compiled(None)
     with pytest.raises(ValueError, match=r"TINYVIT_NUMBA: expected 1 \(compiled, where Numba is "
                                          r"installed\) or 0 \(the NumPy blocks\), got 'off'"):
+        cpu_numba.set_compiled(None)
+    monkeypatch.setenv("NUMBA_DISABLE_JIT", "1")  # refused where it would not compile too
+    with pytest.raises(ValueError, match="TINYVIT_NUMBA: .* got 'off'"):
         cpu_numba.compiled()
 
 
@@ -842,6 +845,7 @@ def test_the_kernels_read_their_variables_once_until_asked_again(monkeypatch):
                 (mkl.ENVIRONMENT_VARIABLE, mkl.enabled, "0", False, "1", True)]
     if cpu_numba.INSTALLED:
         settings.append((cpu_numba.ENVIRONMENT_VARIABLE, cpu_numba.compiled, "0", False, "1", True))
+    monkeypatch.delenv("NUMBA_DISABLE_JIT", raising=False)
     for variable, setting, first, read_first, then, read_then in settings:
         monkeypatch.setenv(variable, first)
         fast.check_environment()
@@ -850,6 +854,23 @@ def test_the_kernels_read_their_variables_once_until_asked_again(monkeypatch):
         assert setting() == read_first, variable
         fast.check_environment()
         assert setting() == read_then, variable
+
+
+def test_check_environment_refuses_a_bad_variable_that_a_choice_in_code_overrides(
+        monkeypatch, threads):
+    """A bad value is refused when read, whatever the code chose for now; an empty one
+    is unset, for all three variables."""
+    threads(2)
+    for variable in (blocks.ENVIRONMENT_VARIABLE, cpu_numba.ENVIRONMENT_VARIABLE,
+                     mkl.ENVIRONMENT_VARIABLE):
+        monkeypatch.setenv(variable, "maybe")
+        with pytest.raises(ValueError, match=f"{variable}: expected .* got 'maybe'"):
+            fast.check_environment()
+        monkeypatch.setenv(variable, " ")
+        fast.check_environment()
+    assert blocks.num_threads() == 2
+    threads(None)
+    assert blocks.num_threads() == blocks.available_cores()
 
 
 def test_threads_follow_set_num_threads_then_the_environment_then_the_cores(threads, monkeypatch):
@@ -865,10 +886,9 @@ def test_threads_follow_set_num_threads_then_the_environment_then_the_cores(thre
     assert blocks.num_threads() == 3
     for bad in ("0", "two", "1.5"):
         monkeypatch.setenv(blocks.ENVIRONMENT_VARIABLE, bad)
-        threads(None)
         with pytest.raises(ValueError, match=f"TINYVIT_NUM_THREADS: expected a whole number "
                                              f"of threads >= 1, got '{bad}'"):
-            blocks.num_threads()
+            threads(None)
     with pytest.raises(ValueError, match="set_num_threads: .* got 0"):
         threads(0)
 

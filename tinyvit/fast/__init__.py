@@ -69,9 +69,8 @@ def for_tier(tier):
 def check_environment():
     """Read ``TINYVIT_NUM_THREADS``, ``TINYVIT_NUMBA`` and ``TINYVIT_MKL`` again (the
     kernels read them once, at their first call): a ValueError naming the variable if
-    one holds a value the kernels would refuse."""
+    one holds a value the kernels would refuse, also where ``set_num_threads``,
+    ``set_compiled`` or ``set_enabled`` has chosen for now."""
     for setting in (blocks.from_environment, cpu_numba.from_environment, mkl.from_environment):
         setting.cache_clear()
-    blocks.num_threads()
-    cpu_numba.compiled()
-    mkl.enabled()
+        setting()

@@ -75,10 +75,11 @@ def num_threads():
 
 @functools.cache
 def from_environment():
-    """``TINYVIT_NUM_THREADS``, else the cores available, read at the first call, not on
-    every one (reading a variable takes about 1.5 µs, and the kernels ask per block)."""
-    setting = os.environ.get(ENVIRONMENT_VARIABLE)
-    if setting is not None:
+    """``TINYVIT_NUM_THREADS`` (unset or empty: the cores available), read at the first
+    call, not on every one (reading a variable takes about 1.5 µs, and the kernels ask
+    per block)."""
+    setting = os.environ.get(ENVIRONMENT_VARIABLE, "")
+    if setting.strip():
         return _positive(setting, ENVIRONMENT_VARIABLE)
     return available_cores()
 
@@ -88,9 +89,10 @@ def set_num_threads(count):
     the cores available, read again), for the NumPy blocks and the compiled ones
     (``cpu_numba_*.py``) alike."""
     global _chosen
-    _chosen = None if count is None else _positive(count, "set_num_threads")
     if count is None:
         from_environment.cache_clear()
+        from_environment()  # a bad value is refused here, not by the next kernel
+    _chosen = None if count is None else _positive(count, "set_num_threads")
 
 
 def _get_pool(workers):

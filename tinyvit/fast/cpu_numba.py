@@ -47,16 +47,14 @@ def compiled():
 
 @functools.cache
 def from_environment():
-    """Whether Numba is installed, its compiler on and ``TINYVIT_NUMBA`` not 0, read at the
-    first call, not on every one (reading a variable takes about 1.5 µs, and the softmax
-    asks per block)."""
-    if not INSTALLED or jit_disabled():
-        return False
-    setting = os.environ.get(ENVIRONMENT_VARIABLE, "1").strip()
+    """Whether ``TINYVIT_NUMBA`` is not 0 (unset or empty: 1), Numba installed and its
+    compiler on, read at the first call, not on every one (reading a variable takes about
+    1.5 µs, and the softmax asks per block). A bad value is refused with or without Numba."""
+    setting = os.environ.get(ENVIRONMENT_VARIABLE, "").strip() or "1"
     if setting not in ("0", "1"):
         raise ValueError(f"{ENVIRONMENT_VARIABLE}: expected 1 (compiled, where Numba is "
                          f"installed) or 0 (the NumPy blocks), got {setting!r}")
-    return setting == "1"
+    return setting == "1" and INSTALLED and not jit_disabled()
 
 
 def set_compiled(on):
@@ -70,9 +68,10 @@ def set_compiled(on):
     if on and jit_disabled():
         raise ValueError("set_compiled(True) needs Numba's compiler, which NUMBA_DISABLE_JIT "
                          f"turns off (it is {os.environ['NUMBA_DISABLE_JIT']!r})")
-    _chosen = on
     if on is None:
         from_environment.cache_clear()
+        from_environment()  # a bad value is refused here, not by the next kernel
+    _chosen = on
 
 
 def jit_disabled():

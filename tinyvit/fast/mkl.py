@@ -70,9 +70,9 @@ def enabled():
 
 @functools.cache
 def from_environment():
-    """What ``TINYVIT_MKL``, MKL's presence and the processor say, read at the first
-    call, not on every one (reading a variable takes about 1.5 µs, and every Linear
-    asks)."""
+    """What ``TINYVIT_MKL`` (unset or empty: MKL on Intel), MKL's presence and the
+    processor say, read at the first call, not on every one (reading a variable takes
+    about 1.5 µs, and every Linear asks)."""
     setting = os.environ.get(ENVIRONMENT_VARIABLE, "").strip()
     if setting not in ("", "0", "1"):
         raise ValueError(f"{ENVIRONMENT_VARIABLE}: expected 1 (MKL's products, where it is "
@@ -90,9 +90,10 @@ def set_enabled(on):
         raise ValueError(f"set_enabled: expected True, False or None, got {on!r}")
     if on and library_path() is None:
         raise ImportError('set_enabled(True) needs MKL: pip install -e ".[mkl]"')
-    _chosen = on
     if on is None:
         from_environment.cache_clear()
+        from_environment()  # a bad value is refused here, not by the next kernel
+    _chosen = on
 
 
 def _gemm(dtype):
