@@ -866,6 +866,9 @@ def test_check_environment_refuses_a_bad_variable_that_a_choice_in_code_override
         monkeypatch.setenv(variable, "maybe")
         with pytest.raises(ValueError, match=f"{variable}: expected .* got 'maybe'"):
             fast.check_environment()
+        if variable == blocks.ENVIRONMENT_VARIABLE:  # refused before the choice is undone
+            with pytest.raises(ValueError, match=f"{variable}: expected .* got 'maybe'"):
+                threads(None)
         monkeypatch.setenv(variable, " ")
         fast.check_environment()
     assert blocks.num_threads() == 2
