@@ -373,7 +373,8 @@ def print_table(table, medians, bandwidth, gemm):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
+    p.add_argument("--rounds", type=int, default=9, help="interleaved rounds (with 3, a row under "
+                   "a millisecond moved by half its value between runs: docs/performance.md)")
     p.add_argument("--repeats", type=int, default=7, help="timed calls per turn (median)")
     p.add_argument("--batch", type=int, default=128, help="images of 65 tokens")
     args = p.parse_args(argv)
