@@ -72,5 +72,4 @@ def check_environment():
     one holds a value the kernels would refuse, also where ``set_num_threads``,
     ``set_compiled`` or ``set_enabled`` has chosen for now."""
     for setting in (blocks.from_environment, cpu_numba.from_environment, mkl.from_environment):
-        setting.cache_clear()
-        setting()
+        setting.read_again()  # a value refused leaves the reading kept

@@ -34,13 +34,13 @@ machine's cores (``tinyvit.train.distributed``). A process forked from one that
 has started the pool starts a pool of its own when it first needs one.
 """
 
-import functools
 import itertools
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from .openblas import limit_spinning
+from .settings import EnvironmentSetting
 
 ENVIRONMENT_VARIABLE = "TINYVIT_NUM_THREADS"
 BLOCK_BYTES = 1 << 18  # 256 KiB of each array per block: a few arrays and temporaries fit L2
@@ -73,15 +73,15 @@ def num_threads():
     return _chosen if _chosen is not None else from_environment()
 
 
-@functools.cache
-def from_environment():
-    """``TINYVIT_NUM_THREADS`` (unset or empty: the cores available), read at the first
-    call, not on every one (reading a variable takes about 1.5 µs, and the kernels ask
-    per block)."""
+def _read_environment():
+    """``TINYVIT_NUM_THREADS`` (unset or empty: the cores available)."""
     setting = os.environ.get(ENVIRONMENT_VARIABLE, "")
     if setting.strip():
         return _positive(setting, ENVIRONMENT_VARIABLE)
     return available_cores()
+
+
+from_environment = EnvironmentSetting(_read_environment)  # read once (settings.py)
 
 
 def set_num_threads(count):
@@ -90,8 +90,7 @@ def set_num_threads(count):
     (``cpu_numba_*.py``) alike."""
     global _chosen
     if count is None:
-        from_environment.cache_clear()
-        from_environment()  # a bad value is refused here, not by the next kernel
+        from_environment.read_again()  # a bad value is refused here, not by a kernel
     _chosen = None if count is None else _positive(count, "set_num_threads")
 
 

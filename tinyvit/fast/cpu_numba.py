@@ -33,6 +33,7 @@ import os
 import threading
 
 from ..backend import xp
+from .settings import EnvironmentSetting
 
 INSTALLED = importlib.util.find_spec("numba") is not None  # imported at the first call
 
@@ -45,16 +46,17 @@ def compiled():
     return _chosen if _chosen is not None else from_environment()
 
 
-@functools.cache
-def from_environment():
+def _read_environment():
     """Whether ``TINYVIT_NUMBA`` is not 0 (unset or empty: 1), Numba installed and its
-    compiler on, read at the first call, not on every one (reading a variable takes about
-    1.5 µs, and the softmax asks per block). A bad value is refused with or without Numba."""
+    compiler on. A bad value is refused with or without Numba."""
     setting = os.environ.get(ENVIRONMENT_VARIABLE, "").strip() or "1"
     if setting not in ("0", "1"):
         raise ValueError(f"{ENVIRONMENT_VARIABLE}: expected 1 (compiled, where Numba is "
                          f"installed) or 0 (the NumPy blocks), got {setting!r}")
     return setting == "1" and INSTALLED and not jit_disabled()
+
+
+from_environment = EnvironmentSetting(_read_environment)  # read once (settings.py)
 
 
 def set_compiled(on):
@@ -69,8 +71,7 @@ def set_compiled(on):
         raise ValueError("set_compiled(True) needs Numba's compiler, which NUMBA_DISABLE_JIT "
                          f"turns off (it is {os.environ['NUMBA_DISABLE_JIT']!r})")
     if on is None:
-        from_environment.cache_clear()
-        from_environment()  # a bad value is refused here, not by the next kernel
+        from_environment.read_again()  # a bad value is refused here, not by a kernel
     _chosen = on
 
 

@@ -27,6 +27,7 @@ import platform
 
 from ..backend import xp
 from .blocks import each_block, num_threads
+from .settings import EnvironmentSetting
 
 ENVIRONMENT_VARIABLE = "TINYVIT_MKL"  # "1": MKL where installed, "0": OpenBLAS; unset: on Intel
 SEQUENTIAL = 1  # MKL_THREADING_SEQUENTIAL, for MKL_Set_Threading_Layer
@@ -68,11 +69,9 @@ def enabled():
     return _chosen if _chosen is not None else from_environment()
 
 
-@functools.cache
-def from_environment():
+def _read_environment():
     """What ``TINYVIT_MKL`` (unset or empty: MKL on Intel), MKL's presence and the
-    processor say, read at the first call, not on every one (reading a variable takes
-    about 1.5 µs, and every Linear asks)."""
+    processor say."""
     setting = os.environ.get(ENVIRONMENT_VARIABLE, "").strip()
     if setting not in ("", "0", "1"):
         raise ValueError(f"{ENVIRONMENT_VARIABLE}: expected 1 (MKL's products, where it is "
@@ -80,6 +79,9 @@ def from_environment():
     if setting == "0" or library_path() is None:
         return False
     return setting == "1" or intel_processor()
+
+
+from_environment = EnvironmentSetting(_read_environment)  # read once (settings.py)
 
 
 def set_enabled(on):
@@ -91,8 +93,7 @@ def set_enabled(on):
     if on and library_path() is None:
         raise ImportError('set_enabled(True) needs MKL: pip install -e ".[mkl]"')
     if on is None:
-        from_environment.cache_clear()
-        from_environment()  # a bad value is refused here, not by the next kernel
+        from_environment.read_again()  # a bad value is refused here, not by a kernel
     _chosen = on
 
 
