@@ -193,6 +193,26 @@ def test_two_processes_train_the_one_process_model(stripes, tmp_path, model, dty
 
 
 @mpi
+@pytest.mark.parametrize("setting", [None, "", " "])
+def test_each_process_takes_its_share_of_the_cores_unless_told_otherwise(setting):
+    """Two processes on one machine: each its half of the cores for the fast kernels'
+    threads, where TINYVIT_NUM_THREADS is unset or empty."""
+    environment = {**os.environ, **OPEN_MPI_AS_ROOT}
+    environment.pop("TINYVIT_NUM_THREADS", None)
+    if setting is not None:
+        environment["TINYVIT_NUM_THREADS"] = setting
+    script = ("import os\n"
+              "from tinyvit.train.distributed import Communicator\n"
+              "from tinyvit.fast import blocks\n"
+              "Communicator()\n"
+              "os.write(1, f'{blocks.num_threads()}\\n'.encode())\n")  # one write: lines whole
+    out = subprocess.run([MPIEXEC, "-n", "2", sys.executable, "-c", script], env=environment,
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    share = max(1, len(os.sched_getaffinity(0)) // 2)
+    assert out.split() == [str(share)] * 2
+
+
+@mpi
 @pytest.mark.gpu
 @pytest.mark.skipif(not cupy_available(), reason="CuPy with a CUDA GPU not available")
 def test_two_processes_on_one_gpu_train_the_one_process_model(stripes, tmp_path):

@@ -125,7 +125,7 @@ class Communicator:
         share = max(1, cpu_cores() // self.local_size)
         if not any(name in os.environ for name in _THREAD_SETTINGS):
             threadpool_limits(share)
-        if blocks.ENVIRONMENT_VARIABLE not in os.environ:
+        if not os.environ.get(blocks.ENVIRONMENT_VARIABLE, "").strip():  # unset or empty
             blocks.set_num_threads(share)  # the fast CPU kernels' threads
         self.device_sum = None  # NCCLSum, once each process has a GPU of its own
 
