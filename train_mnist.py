@@ -18,6 +18,7 @@ import argparse
 import dataclasses
 import sys
 import traceback
+import warnings
 
 from tinyvit.allocator import keep_freed_memory
 from tinyvit.backend import BackendError
@@ -217,7 +218,11 @@ def main(argv=None):
     rank, size = launched()
     try:
         args, mode = parse_args(argv)
-        check_environment()  # TINYVIT_NUM_THREADS, TINYVIT_NUMBA, TINYVIT_MKL, read again
+        with warnings.catch_warnings(record=True) as caught:  # more threads than cores
+            warnings.simplefilter("always")
+            check_environment()  # TINYVIT_NUM_THREADS, TINYVIT_NUMBA, TINYVIT_MKL, read again
+        for warning in caught if rank == 0 else ():
+            print(f"train_mnist.py: warning: {warning.message}", file=sys.stderr)
         config = make_config(args) if mode == "train" else None
         world = communicator() if size > 1 else None
     except (ValueError, LaunchError) as error:  # a flag out of range, or one its mode would

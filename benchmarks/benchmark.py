@@ -24,7 +24,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # its modules, also when a test loads it
 
-from machine import machine_report, print_machine, setup_backends, warn_if_busy  # noqa: E402
+from machine import (  # noqa: E402
+    check_kernel_settings,
+    machine_report,
+    print_machine,
+    setup_backends,
+    warn_if_busy,
+)
 from measure import (  # noqa: E402
     add_fractions_of_peak,
     baseline_worker,
@@ -133,6 +139,7 @@ def make_parser():
 def parse_args(argv=None):
     p = make_parser()
     args = p.parse_args(argv)
+    check_kernel_settings(p)
     for name, value in (QUICK if args.quick else FULL).items():
         if getattr(args, name) is None:
             setattr(args, name, value)

@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from ops import median_ms  # noqa: E402
 
-from machine import machine_report, print_machine, setup_backends, torch  # noqa: E402
+from machine import check_kernel_settings, machine_report, print_machine, setup_backends, torch  # noqa: E402
 from tinyvit.fast import (  # noqa: E402
     blocks,
     cpu,
@@ -116,6 +116,7 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=7, help="timed calls per turn (median)")
     p.add_argument("--rows", type=int, default=8320, help="rows of each array (M)")
     args = p.parse_args(argv)
+    check_kernel_settings(p)
     for name in ("rounds", "repeats", "rows"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be at least 1, got {getattr(args, name)}")

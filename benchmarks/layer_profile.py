@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # train_mnist.py's RECIPES
 
 import train_mnist  # noqa: E402
-from machine import cpu_kernels, describe_cpu_kernels  # noqa: E402
+from machine import check_kernel_settings, cpu_kernels, describe_cpu_kernels  # noqa: E402
 from runners import CONFIGS, RUNNER_NAMES, make_runner  # noqa: E402
 from tinyvit import allocator, backend, fast  # noqa: E402
 from tinyvit.data import augment, dataset_info  # noqa: E402
@@ -126,6 +126,7 @@ def parse_args(argv=None):
     p.add_argument("--reference", action="store_true",
                    help="the reference layers of tinyvit/nn (else the fast kernels, as training)")
     args = p.parse_args(argv)
+    check_kernel_settings(p)
     if args.config and args.recipe:
         p.error(f"--config {args.config} and --recipe {args.recipe} each name a step: give one")
     args.recipe = args.recipe or "cifar10-gpu"

@@ -11,7 +11,7 @@ import numpy as np
 
 import tinyvit
 from tinyvit import allocator, backend
-from tinyvit.fast import blocks, cpu_numba, mkl, openblas
+from tinyvit.fast import blocks, check_environment, cpu_numba, mkl, openblas
 
 try:
     import torch
@@ -85,6 +85,15 @@ def machine_report(gpu):
         report["gpu"] = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
         report["cupy"] = cupy.__version__
     return report
+
+
+def check_kernel_settings(parser):
+    """The kernels' variables (``TINYVIT_NUM_THREADS``, ``TINYVIT_NUMBA``, ``TINYVIT_MKL``)
+    read now: a bad value ends the script with one line naming it, before any work."""
+    try:
+        check_environment()
+    except ValueError as error:
+        parser.error(str(error))
 
 
 def cpu_kernels():

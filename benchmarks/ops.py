@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "tests"))  # torch_reference.py
 
-from machine import machine_report, print_machine, setup_backends, torch  # noqa: E402
+from machine import check_kernel_settings, machine_report, print_machine, setup_backends, torch  # noqa: E402
 from tinyvit.fast import (  # noqa: E402
     accelerate,
     blocks,
@@ -378,6 +378,7 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=7, help="timed calls per turn (median)")
     p.add_argument("--batch", type=int, default=128, help="images of 65 tokens")
     args = p.parse_args(argv)
+    check_kernel_settings(p)
     for name in ("rounds", "repeats", "batch"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be at least 1, got {getattr(args, name)}")

@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))  # train_mnist.py's RECIPES
 
 import train_mnist  # noqa: E402
 from layer_profile import make_batches  # noqa: E402
-from machine import processor_model  # noqa: E402
+from machine import check_kernel_settings, processor_model  # noqa: E402
 from tinyvit import allocator, backend  # noqa: E402
 from tinyvit.train import build_model  # noqa: E402
 from tinyvit.train.distributed import communicator, launched  # noqa: E402
@@ -174,6 +174,7 @@ def main(argv=None):
     p.add_argument("--model", nargs="+", metavar="JSON",
                    help="print the tables and the model from one- and two-process runs")
     args = p.parse_args(argv)
+    check_kernel_settings(p)
     if args.model:
         runs = [json.loads(Path(path).read_text()) for path in args.model]
         print_model(*(median_run([r for r in runs if (r["processes"] > 1) == two])

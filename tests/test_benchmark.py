@@ -101,6 +101,20 @@ def test_bad_flags_are_named_in_one_line(capsys, script, flags, message):
     assert capsys.readouterr().err.splitlines()[-1].endswith(f": error: {message}")
 
 
+@pytest.mark.parametrize("script", ["benchmark.py", "ops.py", "layer_profile.py", "compiled.py",
+                                    "scaling.py"])
+def test_a_bad_kernel_setting_is_one_line_before_any_work(capsys, monkeypatch, script):
+    """Checked as the flags are (a script without ``parse_args`` checks in ``main``)."""
+    monkeypatch.setenv("TINYVIT_MKL", "on")
+    module = load_script(SCRIPT.with_name(script))
+    with pytest.raises(SystemExit) as exit:
+        getattr(module, "parse_args", module.main)([])
+    assert exit.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].endswith(
+        ": error: TINYVIT_MKL: expected 1 (MKL's products, where it is installed) or 0 "
+        "(NumPy's), got 'on'")
+
+
 @pytest.mark.parametrize("flags, configs, steps, rounds", [
     ([], ["A", "B", "C"], 5, 3),
     (["--quick"], ["A"], 2, 1),

@@ -11,6 +11,7 @@ import math
 import re
 import threading
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -842,6 +843,7 @@ def test_the_kernels_read_their_variables_once_until_asked_again(monkeypatch):
     from ``check_environment()`` (the trainer's start) or ``set_...(None)`` on, and a bad
     value refused there leaves the kernels with the reading they had."""
     monkeypatch.setattr(mkl, "library_path", lambda: "/lib/libmkl_rt.so.2")
+    monkeypatch.setattr(blocks, "available_cores", lambda: 8)  # 3 and 5 threads: no warning
     settings = [(blocks.ENVIRONMENT_VARIABLE, blocks.num_threads, "3", 3, "5", 5),
                 (mkl.ENVIRONMENT_VARIABLE, mkl.enabled, "0", False, "1", True)]
     if cpu_numba.INSTALLED:
@@ -868,16 +870,16 @@ def test_the_kernels_read_their_variables_once_until_asked_again(monkeypatch):
 
 def test_check_environment_refuses_a_bad_variable_that_a_choice_in_code_overrides(
         monkeypatch, threads):
-    """A bad value is refused when read, whatever the code chose for now; an empty one
-    is unset, for all three variables."""
+    """A bad value is refused when read, whatever the code chose for now, and named as
+    it was written; an empty one is unset, for all three variables."""
     threads(2)
     for variable in (blocks.ENVIRONMENT_VARIABLE, cpu_numba.ENVIRONMENT_VARIABLE,
                      mkl.ENVIRONMENT_VARIABLE):
-        monkeypatch.setenv(variable, "maybe")
-        with pytest.raises(ValueError, match=f"{variable}: expected .* got 'maybe'"):
+        monkeypatch.setenv(variable, " maybe ")
+        with pytest.raises(ValueError, match=f"{variable}: expected .* got ' maybe '$"):
             fast.check_environment()
         if variable == blocks.ENVIRONMENT_VARIABLE:  # refused before the choice is undone
-            with pytest.raises(ValueError, match=f"{variable}: expected .* got 'maybe'"):
+            with pytest.raises(ValueError, match=f"{variable}: expected .* got ' maybe '$"):
                 threads(None)
         monkeypatch.setenv(variable, " ")
         fast.check_environment()
@@ -887,6 +889,7 @@ def test_check_environment_refuses_a_bad_variable_that_a_choice_in_code_override
 
 
 def test_threads_follow_set_num_threads_then_the_environment_then_the_cores(threads, monkeypatch):
+    monkeypatch.setattr(blocks, "available_cores", lambda: 8)  # 3 threads: no warning
     monkeypatch.delenv(blocks.ENVIRONMENT_VARIABLE, raising=False)
     threads(None)  # read again
     assert blocks.num_threads() == blocks.available_cores()
@@ -904,6 +907,25 @@ def test_threads_follow_set_num_threads_then_the_environment_then_the_cores(thre
             threads(None)
     with pytest.raises(ValueError, match="set_num_threads: .* got 0"):
         threads(0)
+
+
+def test_more_threads_than_cores_in_the_environment_is_a_warning(threads, monkeypatch):
+    """Accepted (the threads take turns on the cores), with a RuntimeWarning that says
+    so; as many threads as cores, or fewer, or a count chosen in code, are silent."""
+    cores = blocks.available_cores()
+    monkeypatch.setenv(blocks.ENVIRONMENT_VARIABLE, str(cores + 1))
+    with pytest.warns(RuntimeWarning) as caught:
+        threads(None)
+    assert [str(w.message) for w in caught] == [
+        f"TINYVIT_NUM_THREADS={cores + 1} is more than the {cores} CPU cores this process may "
+        f"run on: the threads take turns on them, and each kernel is slower than on {cores}"]
+    assert blocks.num_threads() == cores + 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        threads(cores + 1)
+        monkeypatch.setenv(blocks.ENVIRONMENT_VARIABLE, str(cores))
+        threads(None)
+    assert blocks.num_threads() == cores
 
 
 def test_each_block_refuses_arrays_of_different_lengths():

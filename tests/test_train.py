@@ -23,7 +23,7 @@ from conftest import (
 )
 from tinyvit import backend as B
 from tinyvit.data import DatasetError
-from tinyvit.fast import cpu_numba, mkl
+from tinyvit.fast import blocks, cpu_numba, mkl
 from tinyvit.models import ViT
 from tinyvit.train import TrainConfig, fit, load_trained, predict
 from tinyvit.train.parallel import auto_workers
@@ -452,7 +452,9 @@ def test_the_trainer_says_which_layers_it_runs(stripes, tmp_path, capsys, flags,
             "--batch-size", "32", *flags]
     capsys.readouterr()
     assert train_mnist.main(args) == 0
-    line = capsys.readouterr().out.splitlines()[0]
+    line, second = capsys.readouterr().out.splitlines()[:2]
+    assert second.endswith(", 1 process" + (", the kernels on "
+                                            f"{blocks.num_threads()} thread(s)" * (not flags)))
     assert line.startswith(first_line)
     compiled = ("; GELU, LayerNorm and the softmax compiled by Numba "
                 "(TINYVIT_NUMBA=0: in NumPy blocks)")
@@ -462,6 +464,42 @@ def test_the_trainer_says_which_layers_it_runs(stripes, tmp_path, capsys, flags,
     assert line.endswith(compiled) == (not flags and cpu_numba.compiled())
     _, _, meta = load_checkpoint(out / "last.npz")
     assert meta["config"]["tier"] == ("reference" if flags else "fast")
+
+
+def test_more_kernel_threads_than_cores_is_one_warning_line_and_the_run_goes_on(
+        stripes, tmp_path, capsys, monkeypatch):
+    cores = blocks.available_cores()
+    monkeypatch.setenv(blocks.ENVIRONMENT_VARIABLE, str(cores + 1))
+    args = ["--data-dir", str(stripes), "--out", str(tmp_path / "run"), "--epochs", "1",
+            "--workers", "1", "--embed-dim", "16", "--depth", "1", "--num-heads", "2",
+            "--train-subset", "64", "--batch-size", "32"]
+    capsys.readouterr()
+    assert train_mnist.main(args) == 0
+    out, err = capsys.readouterr()
+    assert err.splitlines()[0] == (
+        f"train_mnist.py: warning: TINYVIT_NUM_THREADS={cores + 1} is more than the {cores} "
+        f"CPU cores this process may run on: the threads take turns on them, and each kernel "
+        f"is slower than on {cores}")
+    assert "warnings.warn" not in err
+    assert out.splitlines()[1].endswith(f", 1 process, the kernels on {cores + 1} thread(s)")
+
+
+@pytest.mark.parametrize("workers, mpi, expected", [
+    (2, None, "2 worker processes of one thread each"),
+    (1, 3, "3 processes (MPI), the kernels on 2 thread(s) each"),
+    (9, None, "9 worker processes of one thread each, more than the 4 CPU cores here: they "
+              "take turns, and each step is slower than with --workers 4"),
+])
+def test_the_start_says_how_many_processes_and_threads_a_step_runs_on(monkeypatch, workers,
+                                                                      mpi, expected):
+    from types import SimpleNamespace
+
+    from tinyvit.train import loop
+    monkeypatch.setattr(loop, "available_cores", lambda: 4)
+    monkeypatch.setattr(loop, "num_threads", lambda: 2)
+    config = SimpleNamespace(tier="fast", workers=workers)
+    comm = None if mpi is None else SimpleNamespace(size=mpi)
+    assert loop._processes(config, comm) == expected
 
 
 @pytest.mark.parametrize("variable, value", [("TINYVIT_NUMBA", "yes"), ("TINYVIT_MKL", "on"),

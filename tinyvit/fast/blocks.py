@@ -37,6 +37,7 @@ has started the pool starts a pool of its own when it first needs one.
 import itertools
 import os
 import threading
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 
 from .openblas import limit_spinning
@@ -74,11 +75,17 @@ def num_threads():
 
 
 def _read_environment():
-    """``TINYVIT_NUM_THREADS`` (unset or empty: the cores available)."""
+    """``TINYVIT_NUM_THREADS`` (unset or empty: the cores available); a RuntimeWarning
+    where it asks for more threads than the cores (they would take turns on them)."""
     setting = os.environ.get(ENVIRONMENT_VARIABLE, "")
-    if setting.strip():
-        return _positive(setting, ENVIRONMENT_VARIABLE)
-    return available_cores()
+    if not setting.strip():
+        return available_cores()
+    count, cores = _positive(setting, ENVIRONMENT_VARIABLE), available_cores()
+    if count > cores:
+        warnings.warn(f"{ENVIRONMENT_VARIABLE}={count} is more than the {cores} CPU cores this "
+                      f"process may run on: the threads take turns on them, and each kernel "
+                      f"is slower than on {cores}", RuntimeWarning)
+    return count
 
 
 from_environment = EnvironmentSetting(_read_environment)  # read once (settings.py)

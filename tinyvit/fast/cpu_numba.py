@@ -49,10 +49,11 @@ def compiled():
 def _read_environment():
     """Whether ``TINYVIT_NUMBA`` is not 0 (unset or empty: 1), Numba installed and its
     compiler on. A bad value is refused with or without Numba."""
-    setting = os.environ.get(ENVIRONMENT_VARIABLE, "").strip() or "1"
+    value = os.environ.get(ENVIRONMENT_VARIABLE, "")
+    setting = value.strip() or "1"
     if setting not in ("0", "1"):
         raise ValueError(f"{ENVIRONMENT_VARIABLE}: expected 1 (compiled, where Numba is "
-                         f"installed) or 0 (the NumPy blocks), got {setting!r}")
+                         f"installed) or 0 (the NumPy blocks), got {value!r}")
     return setting == "1" and INSTALLED and not jit_disabled()
 
 

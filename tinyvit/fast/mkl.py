@@ -72,10 +72,11 @@ def enabled():
 def _read_environment():
     """What ``TINYVIT_MKL`` (unset or empty: MKL on Intel), MKL's presence and the
     processor say."""
-    setting = os.environ.get(ENVIRONMENT_VARIABLE, "").strip()
+    value = os.environ.get(ENVIRONMENT_VARIABLE, "")
+    setting = value.strip()
     if setting not in ("", "0", "1"):
         raise ValueError(f"{ENVIRONMENT_VARIABLE}: expected 1 (MKL's products, where it is "
-                         f"installed) or 0 (NumPy's), got {setting!r}")
+                         f"installed) or 0 (NumPy's), got {value!r}")
     if setting == "0" or library_path() is None:
         return False
     return setting == "1" or intel_processor()

@@ -52,7 +52,6 @@ from ..fast import blocks
 from ..nn.conv import BatchNorm2d, SyncBatchNorm2d
 from ..nn.loss import SoftmaxCrossEntropy
 from .gradients import loss_and_gradients, rows, share_seed
-from .parallel import cpu_cores
 from .signals import Stop
 
 # the variables that mpiexec sets in each process it starts, (size, rank), by MPICH's
@@ -122,7 +121,7 @@ class Communicator:
         self.rank, self.size = self.world.Get_rank(), self.world.Get_size()
         local = self.world.Split_type(MPI.COMM_TYPE_SHARED)  # the processes that share one memory
         self.local_rank, self.local_size = local.Get_rank(), local.Get_size()
-        share = max(1, cpu_cores() // self.local_size)
+        share = max(1, blocks.available_cores() // self.local_size)
         if not any(name in os.environ for name in _THREAD_SETTINGS):
             threadpool_limits(share)
         if not os.environ.get(blocks.ENVIRONMENT_VARIABLE, "").strip():  # unset or empty

@@ -27,6 +27,7 @@ from tqdm import tqdm
 
 from ..backend import get_backend, on_cpu, set_backend
 from ..fast import cpu_numba, mkl
+from ..fast.blocks import available_cores, num_threads
 from ..files import NoSpaceError, atomic_write
 from ..models import ViT
 from ..weights import CheckpointError, save_checkpoint, saved_model_config
@@ -39,7 +40,6 @@ from .distributed import check_launch, communicator, launched
 from .evaluate import evaluate
 from .lock import RunLock
 from .memory import check_memory
-from .parallel import cpu_cores
 from .predict import check_checkpoint_config, run_config
 from .report import write_final_report, write_metrics
 from .signals import Stop, Stopped
@@ -329,14 +329,26 @@ def _copy(source, target):
         shutil.copyfileobj(f, out)
 
 
+def _processes(config, comm):
+    """The processes and threads a step runs on, for the start's second line."""
+    threads = ""
+    if config.tier == "fast" and on_cpu():  # the kernels' blocks (fast/blocks.py)
+        threads = f", the kernels on {num_threads()} thread(s)"
+    if comm is not None:
+        return f"{comm.size} processes (MPI){threads and threads + ' each'}"
+    if config.workers > 1:  # one thread each (parallel.py)
+        text = f"{config.workers} worker processes of one thread each"
+        if config.workers > available_cores():
+            text += (f", more than the {available_cores()} CPU cores here: they take turns, and "
+                     f"each step is slower than with --workers {available_cores()}")
+        return text
+    return f"1 process{threads}"
+
+
 def _print_start(config, trainer, batches, init_notes, memory):
     epochs = f"a budget of {config.budget:g} min" if config.budget else f"{config.epochs} epochs"
-    model, comm = trainer.model, trainer.communicator
-    processes = (f"{config.workers} worker(s)" if comm is None
-                 else f"{comm.size} processes (MPI)")
-    if comm is None and config.workers > cpu_cores():
-        processes += (f", more than the {cpu_cores()} CPU cores here: they take turns, and each "
-                      f"step is slower than with --workers {cpu_cores()}")
+    model = trainer.model
+    processes = _processes(config, trainer.communicator)
     how = ", the step captured in a CUDA graph" if config.cuda_graph else ""
     if config.tier == "fast" and on_cpu() and cpu_numba.compiled():
         how = ("; GELU, LayerNorm and the softmax compiled by Numba "

@@ -35,12 +35,13 @@ import math
 import multiprocessing
 import os
 import signal
+import time
 import traceback
 
 from ..allocator import keep_freed_memory
 from ..backend import default_dtype, on_cpu, quiet_overflow, xp
 from ..fast import accelerate, cpu_numba, mkl
-from ..fast.blocks import ENVIRONMENT_VARIABLE
+from ..fast.blocks import ENVIRONMENT_VARIABLE, available_cores
 from ..models import ViT
 from ..nn.loss import SoftmaxCrossEntropy
 from .gradients import loss_and_gradients, rows, share_seed
@@ -61,17 +62,10 @@ def worker_environment():
             mkl.ENVIRONMENT_VARIABLE: str(int(mkl.enabled()))}
 
 
-def cpu_cores():
-    """CPU cores this process may run on."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
-
-
 def auto_workers(backend="numpy"):
     """The default worker count: one per core on NumPy (at most MAX_AUTO_WORKERS),
     a single process on a GPU."""
-    return min(cpu_cores(), MAX_AUTO_WORKERS) if backend == "numpy" else 1
+    return min(available_cores(), MAX_AUTO_WORKERS) if backend == "numpy" else 1
 
 
 class DataParallel:
@@ -202,14 +196,23 @@ class DataParallel:
             # all, so none is left unread
             replies = [self.pipes[rank].recv() for rank, _, _ in shards]
         except (EOFError, OSError):  # a worker gone: end of file, broken pipe or reset connection
-            dead = [p.name for p in self.processes if not p.is_alive()]
             raise RuntimeError(
-                f"tinyvit worker process exited unexpectedly: {', '.join(dead)}"
-            ) from None
+                f"tinyvit worker process exited unexpectedly: {self._exited()}") from None
         for (rank, _, _), (status, value) in zip(shards, replies):
             if status == "error":
                 raise RuntimeError(f"tinyvit worker {rank} failed:\n{value}")
         return [(rank, lo, hi, value) for (rank, lo, hi), (_, value) in zip(shards, replies)]
+
+    def _exited(self, wait=2.0):
+        """The workers that have exited, with their exit codes. A worker's end of the pipe
+        closes as it exits, a moment before the system reports it gone: up to ``wait``
+        seconds for that."""
+        deadline = time.monotonic() + wait
+        while not (gone := [p for p in self.processes if not p.is_alive()]):
+            if time.monotonic() > deadline:
+                return "none has ended, but one closed its end of the pipe"
+            time.sleep(0.01)
+        return ", ".join(f"{p.name} (exit code {p.exitcode})" for p in gone)
 
 
 def _view(raw, shape, dtype):
