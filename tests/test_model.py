@@ -7,6 +7,7 @@ import pytest
 import tinyvit
 from conftest import jitter, randn
 from tinyvit import backend as B
+from tinyvit.fast import accelerate
 from tinyvit.gradcheck import gradient_check
 from tinyvit.models import ViT, ViTConfig
 from tinyvit.nn.layers import Block
@@ -179,9 +180,18 @@ def test_bad_images_get_clear_errors(make_input, message):
         ViT(**TINY).forward(make_input())
 
 
-def test_backward_before_forward_is_an_error():
+@pytest.mark.parametrize("fast", [False, True])
+def test_backward_before_a_training_forward_is_an_error_naming_the_model(fast):
+    """Before any forward, or after one in eval mode: the ViT says so, not a layer inside."""
+    model = ViT(**TINY)
+    if fast:
+        accelerate(model)
     with pytest.raises(RuntimeError, match="ViT.backward called without a forward before it"):
-        ViT(**TINY).backward(np.zeros((1, 3), np.float32))
+        model.backward(np.zeros((1, 3), np.float32))
+    logits = model.eval().forward(np.zeros((2, 2, 8, 8), np.float32))
+    with pytest.raises(RuntimeError, match="^ViT.backward called without a forward before it "
+                                           r"\(.* an eval-mode forward keeps nothing"):
+        model.backward(np.ones_like(logits))
 
 
 def test_a_gradient_of_another_shape_than_the_logits_is_named_and_the_forward_kept():

@@ -120,7 +120,7 @@ class ViT(Module):
         x = self.pos_drop.forward(x)
         for block in self.blocks:
             x = block.forward(x)  # (B, N, D); the last block under cls pooling: (B, 1, D)
-        self.cache = x.shape
+        self.cache = x.shape if self.training else None  # eval: no backward to serve
         if self.config.pool == "cls":
             pooled = x[:, 0]  # (B, D)
         else:
