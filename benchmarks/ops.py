@@ -128,6 +128,8 @@ def ops(batch):
          2 * nsize, 0),
         ("  the reference tier's LayerNorm", lambda: norm_reference.eval().forward(x),
          lambda: tnorm(tx), 2 * nsize, 0),
+        ("LayerNorm backward", norm_backward(norm, x, r), torch_norm_backward(tnorm, tx, tr),
+         3 * nsize, 0),
         ("LayerNorm forward + backward", lambda: norm_round_trip(norm, x, r),
          lambda: torch_round_trip(tnorm, tx, tr), 5 * nsize, 0),
         ("residual add + LayerNorm, eval", lambda: norm.eval().forward_residual(x, r),
@@ -165,8 +167,14 @@ def ops(batch):
          6 * products),
     ]
     drop = cpu.Dropout(0.1, rng=np.random.default_rng(0))
+    keep = torch.rand(M, Dm) >= 0.1
     table += [("dropout p=0.1 forward, training (M x Dm)", lambda: drop.forward(u),
-               lambda: F.dropout(tu, 0.1, training=True), 3 * size, 0)]
+               lambda: F.dropout(tu, 0.1, training=True), 3 * size, 0),
+              ("dropout p=0.1 backward", in_place(lambda: drop.forward(u),
+                                                  lambda: drop.backward(dy)),
+               lambda: torch.ops.aten.native_dropout_backward(tdy, keep, 1 / 0.9), 3 * size, 0),
+              ("bias gradient: dy summed over rows", lambda: cpu.Linear.column_sum(dy),
+               lambda: tdy.sum(0), size, 0)]
     table += adamw_rows()
     table += linear_rows(x, dy)
     return table + layer_rows(randn(batch, 65, D), randn(batch, 65, D))
@@ -242,6 +250,20 @@ def gelu_backward(gelu, u, dy):
 def gelu_round_trip(gelu, u, dy):
     gelu.train().forward(u)
     gelu.backward(dy)
+
+
+def norm_backward(norm, x, dy):
+    """LayerNorm's backward after a training forward, run untimed before each call (the
+    backward takes the forward's cache)."""
+    return in_place(lambda: norm.train().forward(x), lambda: norm.backward(dy))
+
+
+def torch_norm_backward(module, x, dy):
+    """PyTorch's LayerNorm backward alone, from its forward's mean and 1/std."""
+    D = x.shape[-1]
+    _, mean, rstd = torch.native_layer_norm(x, [D], module.weight, module.bias, module.eps)
+    return lambda: torch.ops.aten.native_layer_norm_backward(
+        dy, x, [D], mean, rstd, module.weight, module.bias, [True, True, True])
 
 
 def norm_round_trip(norm, x, dy):
