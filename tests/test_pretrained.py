@@ -265,11 +265,39 @@ def test_save_pretrained_round_trip(backend, tmp_path, fields):
 
 
 @needs_safetensors
+def test_two_models_saved_in_one_folder_each_load_with_their_own_config(backend, tmp_path):
+    """config.json is the last one's (for timm); each file holds its own config."""
+    first, second = tiny_vit(), tiny_vit(num_heads=2, pool="mean")
+    first_path = save_pretrained(first, tmp_path / "first.safetensors")
+    save_pretrained(second, tmp_path / "second.safetensors")
+    assert json.loads((tmp_path / "config.json").read_text())["model_args"]["num_heads"] == 2
+    notes = []
+    loaded = load_pretrained(first_path, log=notes.append)
+    assert loaded.config == first.config
+    assert_same_logits(loaded, first)
+    assert "config from the file's metadata (tinyvit_config)" in notes
+
+
+@needs_safetensors
+def test_save_pretrained_refuses_to_overwrite_a_config_json_of_another_kind(tmp_path):
+    mine = tmp_path / "config.json"
+    mine.write_text('{"my": "project settings"}')
+    with pytest.raises(ValueError, match=f"^save_pretrained: {mine} exists and is not a model's "
+                                         "config"):
+        save_pretrained(tiny_vit(), tmp_path / "model.safetensors")
+    assert mine.read_text() == '{"my": "project settings"}'
+    assert not (tmp_path / "model.safetensors").exists()
+
+
+@needs_safetensors
 def test_timm_model_args_alone_rebuild_the_config(backend, tmp_path):
+    from safetensors.numpy import load_file, save_file
+
     model = tiny_vit(pool="mean")
     path = save_pretrained(model, tmp_path / "model.safetensors")
-    config = json.loads((tmp_path / "config.json").read_text())
-    del config["tinyvit_config"]  # as timm writes it: model_args and pretrained_cfg
+    save_file(load_file(path), path, metadata={"format": "pt"})  # as timm writes it: the
+    config = json.loads((tmp_path / "config.json").read_text())  # config in config.json,
+    del config["tinyvit_config"]  # model_args and pretrained_cfg alone
     (tmp_path / "config.json").write_text(json.dumps(config))
     loaded = load_pretrained(path)
     assert loaded.config == model.config

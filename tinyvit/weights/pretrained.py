@@ -46,6 +46,7 @@ from .npz import open_npz
 from .safetensors_file import read_safetensors, safetensors_package
 
 HEAD_MODES = ("auto", "load", "fresh", "zero")
+METADATA_KEY = "tinyvit_config"  # save_pretrained's config, in the .safetensors metadata
 MAX_CONFIG_BYTES = 1 << 20  # a config.json beside the weights (a hub's is some 1,000 bytes)
 
 # what a config.json's values of another type than expected raise in the readers of fields.py
@@ -161,10 +162,14 @@ def _read_hf(path, tensors, config_path):
     return Pretrained(path, "hf", fields, state, notes)
 
 
-def _read_timm(path, tensors, config_path):
+def _read_timm(path, tensors, metadata, config_path):
     fields = timm_fields_from_shapes(tensors)
     notes = [f"{path}: {FORMATS['timm']}"]
-    if config_path.is_file():
+    if METADATA_KEY in metadata:  # save_pretrained's own: a config.json beside may be another's
+        config = _metadata_config(path, metadata[METADATA_KEY])
+        fields.update(_config_fields(path, timm_fields_from_json, config))
+        notes.append(f"config from the file's metadata ({METADATA_KEY})")
+    elif config_path.is_file():
         config = _json(config_path)
         if "architecture" in config or "tinyvit_config" in config:
             fields.update(_config_fields(config_path, timm_fields_from_json, config))
@@ -183,12 +188,30 @@ def _read_timm(path, tensors, config_path):
     return Pretrained(path, "timm", fields, state, notes)
 
 
+def _metadata_config(path, text):
+    """``{"tinyvit_config": fields}`` from the JSON text ``save_pretrained`` wrote in the
+    file's metadata."""
+    if len(text) > MAX_CONFIG_BYTES:
+        raise PretrainedError(f"{path}: {METADATA_KEY} in the metadata is too large for a "
+                              f"config, expected at most {MAX_CONFIG_BYTES:,} bytes, got "
+                              f"{len(text):,}")
+    try:
+        fields = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise PretrainedError(f"{path}: {METADATA_KEY} in the metadata is not JSON "
+                              f"({one_line(e)})") from e
+    if not isinstance(fields, dict):
+        raise PretrainedError(f"{path}: {METADATA_KEY} in the metadata is not a config, "
+                              f"expected a JSON object, got {type(fields).__name__}")
+    return {"tinyvit_config": fields}
+
+
 def _read_safetensors_file(path):
-    tensors, _ = read_safetensors(path)
+    tensors, metadata = read_safetensors(path)
     config_path = path.parent / "config.json"
     if _is_hf(tensors):
         return _read_hf(path, tensors, config_path)
-    return _read_timm(path, tensors, config_path)
+    return _read_timm(path, tensors, metadata, config_path)
 
 
 def _read_npz(path):
@@ -320,20 +343,41 @@ def timm_config(config):
 
 def save_pretrained(model, path, dtype=None):
     """Write ``model`` as timm's layout: ``path`` (a ``.safetensors`` file of its
-    ``state_dict``, in its dtype or ``dtype``) and ``config.json`` beside it (one
-    model per folder, as on the hub). PyTorch loads the file with
-    ``safetensors.torch.load_file`` and ``load_state_dict``. Returns the path."""
+    ``state_dict``, in its dtype or ``dtype``, its config in the file's metadata) and
+    ``config.json`` beside it, for timm and the hub (one model per folder). PyTorch
+    loads the file with ``safetensors.torch.load_file`` and ``load_state_dict``;
+    ``load_pretrained`` takes the config from the file, so a second model saved in the
+    same folder, which rewrites config.json, does not change the first. A config.json
+    that is not a model's config (no "architecture") is refused, not overwritten.
+    Returns the path."""
     path = Path(path)
     if path.suffix != ".safetensors":
         raise ValueError(f"save_pretrained: expected a path ending in .safetensors, got {path}")
     if model.config.stem:
         raise ValueError("save_pretrained: timm's layout holds the plain ViT; a hybrid's "
                          "convolutional stem has no counterpart there: save it with save_model")
+    config_path = path.parent / "config.json"
+    _check_not_foreign(config_path)
     save = safetensors_package().numpy.save
     state = {k: v.astype(dtype or v.dtype) for k, v in model.state_dict().items()}
-    data = save(state, metadata={"format": "pt"})  # "pt": what transformers and timm expect
+    metadata = {"format": "pt",  # "pt": what transformers and timm expect
+                METADATA_KEY: json.dumps(dataclasses.asdict(model.config))}
     with atomic_write(path) as f:
-        f.write(data)
-    with atomic_write(path.parent / "config.json") as f:
+        f.write(save(state, metadata=metadata))
+    with atomic_write(config_path) as f:
         f.write(json.dumps(timm_config(model.config), indent=2).encode() + b"\n")
     return path
+
+
+def _check_not_foreign(config_path):
+    """Refuse to overwrite a config.json that is not a model's (a file of the user's)."""
+    if not config_path.exists():
+        return
+    try:
+        config = _json(config_path)
+    except PretrainedError:
+        config = {}
+    if "architecture" not in config and "tinyvit_config" not in config:
+        raise ValueError(f"save_pretrained: {config_path} exists and is not a model's config "
+                         "(no 'architecture'): it would be overwritten; save into a folder of "
+                         "its own")
