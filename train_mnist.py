@@ -16,6 +16,7 @@ Every flag is optional; ``--recipe`` picks a tested set of defaults (see
 
 import argparse
 import dataclasses
+import os
 import sys
 import traceback
 import warnings
@@ -80,10 +81,11 @@ MODEL_FLAGS = ("image_size", "patch_size", "embed_dim", "depth", "num_heads", "m
                "dropout", "attn_dropout", "pool")
 
 # The modes other than training, and the only other flags each reads: a resumed run
-# takes every setting from its checkpoint, and --out to continue into another folder
-# than the checkpoint's. Any other flag given with one of them
+# takes every setting from its checkpoint, --out to continue into another folder than
+# the checkpoint's, and --data-dir where the data has moved. Any other flag given with one of them
 # would be silently ignored, so it is an error instead.
-MODES = {"resume": ("out_dir",), "eval": ("data_dir", "test_subset"), "predict": ("checkpoint",)}
+MODES = {"resume": ("out_dir", "data_dir"), "eval": ("data_dir", "test_subset"),
+         "predict": ("checkpoint",)}
 
 
 def parse_args(argv):
@@ -94,7 +96,7 @@ def parse_args(argv):
     p.add_argument("--dataset", choices=["mnist", "fashion-mnist", "cifar10"])
     p.add_argument("--data-dir", help="folder with the dataset files "
                                       "(else $TINYVIT_DATA, the cache, a download)")
-    p.add_argument("--out", dest="out_dir", help="output folder (default runs/<dataset>)")
+    p.add_argument("--out", dest="out_dir", help="output folder (default runs/<recipe>; not one that holds a run)")
     p.add_argument("--backend", choices=["numpy", "cupy"])
     p.add_argument("--seed", type=int)
     p.add_argument("--workers", type=int,
@@ -189,8 +191,15 @@ def make_config(args):
     given = {k: v for k, v in vars(args).items() if v is not None}
     model_overrides = {**recipe.pop("model_overrides", {}),
                        **{k: given[k] for k in MODEL_FLAGS if k in given}}
+    if "budget" in given and "epochs" in given:
+        raise ValueError("--budget plans the epochs after the first: it would ignore --epochs; "
+                         "give one")
+    if "epochs" in given:  # the flag beats a recipe's budget
+        recipe.pop("budget", None)
     values = {**recipe, **{k: v for k, v in given.items() if k in fields}}
     values.setdefault("out_dir", f"runs/{args.recipe or values.get('dataset', 'mnist')}")
+    if values.get("data_dir"):  # kept in the checkpoints: a resumed run may start elsewhere
+        values["data_dir"] = os.path.abspath(os.path.expanduser(values["data_dir"]))
     if launched()[1] == 1:  # under mpiexec, its processes share each batch
         values.setdefault("workers", auto_workers(values.get("backend", "numpy")))
     return TrainConfig(**values, model_overrides=model_overrides)
@@ -209,7 +218,7 @@ def run(args, mode, config):
         loss, acc, _, _ = evaluate(model, make_batches(config, "test"))
         print(f"{args.eval}: test accuracy {acc:.4f}, loss {loss:.4f} ({config.dataset})")
     else:
-        fit(config, resume=args.resume, out_dir=args.out_dir)
+        fit(config, resume=args.resume, out_dir=args.out_dir, data_dir=args.data_dir)
 
 
 def main(argv=None):
@@ -221,9 +230,10 @@ def main(argv=None):
         with warnings.catch_warnings(record=True) as caught:  # more threads than cores
             warnings.simplefilter("always")
             check_environment()  # TINYVIT_NUM_THREADS, TINYVIT_NUMBA, TINYVIT_MKL, read again
-        for warning in caught if rank == 0 else ():
-            print(f"train_mnist.py: warning: {warning.message}", file=sys.stderr)
         config = make_config(args) if mode == "train" else None
+        in_workers = config is not None and config.workers > 1  # each on one thread
+        for warning in caught if rank == 0 and not in_workers else ():
+            print(f"train_mnist.py: warning: {warning.message}", file=sys.stderr)
         world = communicator() if size > 1 else None
     except (ValueError, LaunchError) as error:  # a flag out of range, or one its mode would
         if rank == 0:  # ignore, or mpi4py missing: the same in every process
@@ -264,9 +274,10 @@ def run_reporting_errors(args, mode, config):
             print(f"train_mnist.py: error: {error}", file=sys.stderr)
         return 2
     except (DatasetError, CheckpointError, PretrainedError, FileNotFoundError, BackendError,
-            TrainingDiverged, NoSpaceError, FolderInUse) as error:
+            TrainingDiverged, NoSpaceError, FolderInUse, PermissionError) as error:
         # not a bug: a file it was given, a backend not installed here, a learning rate
-        # too high for the run, a full disk, or a folder another run writes into
+        # too high for the run, a full disk, a folder another run writes into, or one
+        # this user may not write
         print(f"train_mnist.py: error{process}: {error}", file=sys.stderr)
         return 1
     except StopRequested:  # for main: not this process's alone

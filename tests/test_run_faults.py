@@ -165,6 +165,52 @@ def test_resume_with_out_continues_into_another_folder_leaving_the_first(stripes
     assert {"last.npz", "best.npz", "metrics.json"} <= {p.name for p in (tmp_path / "b").iterdir()}
 
 
+def test_a_new_run_into_a_folder_holding_a_run_is_refused_leaving_it_whole(stripes, tmp_path,
+                                                                          capsys):
+    stopped_run(stripes, tmp_path / "a")
+    before = {p.name: p.read_bytes() for p in (tmp_path / "a").iterdir()}
+    capsys.readouterr()
+    assert train_mnist.main(cli(stripes, tmp_path / "a", "--epochs", "1")) == 2
+    a = tmp_path / "a"
+    assert capsys.readouterr().err == (
+        f"train_mnist.py: error: {a} holds a run already ({a / 'last.npz'}): continue it with "
+        f"--resume {a}, or give another --out (or delete {a} to start over)\n")
+    assert {p.name: p.read_bytes() for p in a.iterdir()} == before
+
+
+def test_a_finished_run_resumed_into_another_folder_says_so_and_the_folder_holds_it(
+        stripes, tmp_path, capsys):
+    stopped_run(stripes, tmp_path / "a")
+    assert train_mnist.main(["--resume", str(tmp_path / "a")]) == 0  # to its end: 2 epochs
+    ended = (tmp_path / "a" / "last.npz").read_bytes()
+    capsys.readouterr()
+    assert train_mnist.main(["--resume", str(tmp_path / "a"), "--out", str(tmp_path / "b")]) == 0
+    out = capsys.readouterr().out
+    assert (f"resumed from {tmp_path / 'a' / 'last.npz'} (the run had ended, 2 of 2 epochs: "
+            f"nothing is left to train, its last weights are evaluated again), writing into "
+            f"{tmp_path / 'b'}") in out
+    assert (tmp_path / "b" / "last.npz").read_bytes() == ended  # as the report says it wrote
+    for name in ("best.npz", "metrics.json", "curves.png", "confusion.png"):
+        assert f"{tmp_path / 'b' / name}" in out and (tmp_path / "b" / name).is_file()
+    assert train_mnist.main(["--resume", str(tmp_path / "b")]) == 0
+
+
+def test_a_run_resumes_from_another_working_folder_and_from_moved_data(stripes, tmp_path,
+                                                                       monkeypatch):
+    """A relative --data-dir is kept as an absolute path; data that moved is named with
+    --data-dir beside --resume."""
+    run = stripes.parent / "a"
+    monkeypatch.chdir(stripes.parent)
+    assert train_mnist.main(cli(Path(stripes.name), Path("a"), "--epochs", "1")) == 0
+    _, _, meta = load_checkpoint(run / "last.npz")
+    assert meta["config"]["data_dir"] == str(stripes)
+    monkeypatch.chdir(tmp_path.parent)
+    assert train_mnist.main(["--resume", str(run)]) == 0
+    moved = shutil.move(stripes, tmp_path / "moved")
+    assert train_mnist.main(["--resume", str(run)]) == 1  # the data is gone from there
+    assert train_mnist.main(["--resume", str(run), "--data-dir", str(moved)]) == 0
+
+
 # ---------------------------------------------------------------- refused before a step
 
 

@@ -7,6 +7,7 @@ tiny ViT learns it in a few steps. One smoke test uses the real MNIST files when
 """
 
 import json
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -179,6 +180,11 @@ def test_cli_trains_evaluates_and_predicts(stripes, tmp_path, capsys):
     (["--lr", "-1"], "lr must be positive, got -1.0"),
     (["--patch-size", "5"], "image_size 28 is not divisible by patch_size 5"),
     (["--dataset", "cifar10", "--num-heads", "0"], "num_heads must be at least 1, got 0"),
+    (["--seed", "-1"], "seed must be at least 0, got -1"),
+    (["--reset-head"], "reset_head: a zero head for the weights of init, but no init is given "
+                       "(--reset-head goes with --init)"),
+    (["--budget", "5", "--epochs", "2"],
+     "--budget plans the epochs after the first: it would ignore --epochs; give one"),
 ])
 def test_cli_rejects_a_flag_out_of_range_in_one_line(tmp_path, capsys, flags, message):
     out = tmp_path / "cli"
@@ -189,8 +195,8 @@ def test_cli_rejects_a_flag_out_of_range_in_one_line(tmp_path, capsys, flags, me
 
 @pytest.mark.parametrize("args, message", [
     (["--resume", "run", "--epochs", "30", "--out", "x", "--lr", "1"],
-     "--resume takes every setting from the checkpoint, and --out: it would ignore --epochs, "
-     "--lr"),
+     "--resume takes every setting from the checkpoint, and --out and --data-dir: it would "
+     "ignore --epochs, --lr"),
     (["--eval", "best.npz", "--data-dir", "d", "--lr", "1"],
      "--eval takes only --data-dir and --test-subset: it would ignore --lr"),
     (["--predict", "a.png", "--checkpoint", "best.npz", "--seed", "2"],
@@ -209,6 +215,43 @@ def test_cli_rejects_flags_its_mode_would_ignore(tmp_path, capsys, monkeypatch, 
     assert list(tmp_path.iterdir()) == []  # nothing read, nothing written
 
 
+@pytest.mark.parametrize("make, out, message", [
+    (lambda d: (d / "afile").write_text("x"), "afile",
+     "out_dir: expected a folder, but {d}/afile is a file"),
+    (lambda d: (d / "afile").write_text("x"), "afile/run",
+     "out_dir: expected a folder, but {d}/afile/run has {d}/afile, which is a file"),
+])
+def test_an_out_folder_that_cannot_be_one_is_named_in_one_line(tmp_path, capsys, make, out,
+                                                               message):
+    make(tmp_path)
+    assert train_mnist.main(["--out", str(tmp_path / out)]) == 2
+    assert capsys.readouterr().err == (
+        f"train_mnist.py: error: {message.format(d=tmp_path)}\n")
+
+
+def test_epochs_given_beat_a_recipes_budget():
+    args, _ = train_mnist.parse_args(["--recipe", "mnist-hybrid", "--epochs", "3"])
+    config = train_mnist.make_config(args)
+    assert (config.epochs, config.budget) == (3, 0)
+    args, _ = train_mnist.parse_args(["--recipe", "mnist-hybrid"])
+    assert train_mnist.make_config(args).budget == 10
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write into any folder")
+def test_a_folder_this_user_may_not_write_is_one_line(stripes, tmp_path, capsys):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        assert train_mnist.main(["--data-dir", str(stripes), "--out", str(locked / "run"),
+                                 "--epochs", "1", "--workers", "1"]) == 1
+    finally:
+        locked.chmod(0o700)
+    err = capsys.readouterr().err
+    assert err.startswith("train_mnist.py: error: [Errno 13] Permission denied") and \
+        err.count("\n") == 1
+
+
 def test_cli_mode_is_decided_once_so_an_empty_resume_resumes(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert train_mnist.main(["--resume", ""]) == 1
@@ -224,13 +267,14 @@ GARBAGE = ("garbage.npz: expected a .npz file (a zip archive), got a file that d
     (["--eval", "missing.npz"], "no such checkpoint file: missing.npz"),
     (["--eval", "garbage.npz"], GARBAGE),
     (["--predict", "a.png", "--checkpoint", "garbage.npz"], GARBAGE),
-    (["--data-dir", "nowhere", "--out", "run"],
-     "mnist train: the data folder nowhere does not exist"),
+    (["--data-dir", "nowhere", "--out", "run"],  # as the run keeps it: from any folder
+     "mnist train: the data folder {tmp_path}/nowhere does not exist"),
 ])
 def test_cli_reports_a_bad_file_in_one_line(tmp_path, monkeypatch, capsys, args, message):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "garbage.npz").write_text("not a checkpoint")
     assert train_mnist.main(args) == 1
+    message = message.format(tmp_path=tmp_path)
     assert capsys.readouterr().err == f"train_mnist.py: error: {message}\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["garbage.npz"]  # nothing written
 
@@ -466,16 +510,22 @@ def test_the_trainer_says_which_layers_it_runs(stripes, tmp_path, capsys, flags,
     assert meta["config"]["tier"] == ("reference" if flags else "fast")
 
 
+@pytest.mark.parametrize("workers", [1, 2])
 def test_more_kernel_threads_than_cores_is_one_warning_line_and_the_run_goes_on(
-        stripes, tmp_path, capsys, monkeypatch):
+        stripes, tmp_path, capsys, monkeypatch, workers):
+    """Unless the step runs in worker processes, which take one thread each."""
     cores = blocks.available_cores()
     monkeypatch.setenv(blocks.ENVIRONMENT_VARIABLE, str(cores + 1))
     args = ["--data-dir", str(stripes), "--out", str(tmp_path / "run"), "--epochs", "1",
-            "--workers", "1", "--embed-dim", "16", "--depth", "1", "--num-heads", "2",
+            "--workers", str(workers), "--embed-dim", "16", "--depth", "1", "--num-heads", "2",
             "--train-subset", "64", "--batch-size", "32"]
     capsys.readouterr()
     assert train_mnist.main(args) == 0
     out, err = capsys.readouterr()
+    if workers > 1:
+        assert "warning" not in err
+        assert out.splitlines()[1].endswith(", 2 worker processes of one thread each")
+        return
     assert err.splitlines()[0] == (
         f"train_mnist.py: warning: TINYVIT_NUM_THREADS={cores + 1} is more than the {cores} "
         f"CPU cores this process may run on: the threads take turns on them, and each kernel "

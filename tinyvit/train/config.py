@@ -1,6 +1,7 @@
 """What a training run is: ``TrainConfig``, saved in every checkpoint."""
 
 import dataclasses
+from pathlib import Path
 
 from ..checks import check_fields
 from ..data import dataset_info
@@ -70,6 +71,12 @@ class TrainConfig:
                      lambda x: x >= 0, "at least 0")
         check_fields(self, ("label_smoothing",), lambda p: 0.0 <= p < 1.0, "in [0, 1)")
         check_fields(self, ("erasing",), lambda p: 0.0 <= p <= 1.0, "in [0, 1]")
+        check_fields(self, ("seed",), lambda n: n >= 0, "at least 0")  # as NumPy's seeds
+        if self.reset_head and self.init is None:
+            raise ValueError("reset_head: a zero head for the weights of init, but no init is "
+                             "given (--reset-head goes with --init)")
+        check_folder(self.out_dir, "out_dir")
+
 
     def check_cuda_graph(self):
         """A CUDA graph captures the fast tier's kernels on a GPU, AdamW's included (its
@@ -92,3 +99,14 @@ class TrainConfig:
     def image_size(self):
         """The side of the images the model sees (batches are resized to it)."""
         return self.model_fields()["image_size"]
+
+
+def check_folder(path, name):
+    """A ValueError unless ``path`` is a folder or can become one: not a file, and no
+    file where a folder above it would be."""
+    for folder in (Path(path), *Path(path).parents):
+        if folder.exists():
+            if not folder.is_dir():
+                what = "is" if folder == Path(path) else f"has {folder}, which is"
+                raise ValueError(f"{name}: expected a folder, but {path} {what} a file")
+            return

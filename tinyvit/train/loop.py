@@ -54,13 +54,15 @@ class TrainingDiverged(RuntimeError):
     checkpoints written before it keep the last finite weights."""
 
 
-def fit(config, resume=None, stop_after_steps=None, out_dir=None):
+def fit(config, resume=None, stop_after_steps=None, out_dir=None, data_dir=None):
     """Train (or resume) a run; returns the metrics history.
 
     ``resume``: a checkpoint written by a previous run, or its folder (its
     ``last.npz``); the checkpoint's config is used, and the run writes into the
     checkpoint's folder, or into ``out_dir`` when given (the paths saved in a
-    checkpoint are never a destination). The run holds its folder while it runs
+    checkpoint are never a destination; the checkpoint and its folder's best.npz are
+    copied there first), and reads the data from ``data_dir`` when given (the data may
+    have moved since). The run holds its folder while it runs
     (``lock.py``): a second run into it stops with ``FolderInUse``.
     SIGINT or SIGTERM stops the run after the step in flight and saves
     ``last.npz`` (``signals.py``); then ``Stopped``, a KeyboardInterrupt, is raised
@@ -77,7 +79,8 @@ def fit(config, resume=None, stop_after_steps=None, out_dir=None):
         model_state, optim_state, meta = (checkpoint.model_state, checkpoint.optim_state,
                                           checkpoint.meta)
         _check_run_state(resume, meta)
-        config = dataclasses.replace(checkpoint.config, out_dir=str(out_dir or resume.parent))
+        config = dataclasses.replace(checkpoint.config, out_dir=str(out_dir or resume.parent),
+                                     data_dir=data_dir or checkpoint.config.data_dir)
         if processes > 1:  # mpiexec's processes share each batch, whatever ran it before
             config = dataclasses.replace(config, workers=1)
             check_launch(config, processes, resumed=True)
@@ -86,6 +89,8 @@ def fit(config, resume=None, stop_after_steps=None, out_dir=None):
     out, stop = Path(config.out_dir), Stop()
     with stop, RunLock(out) if rank == 0 else nullcontext() as lock:
         with stop.interrupting():  # nothing to save yet: a signal stops it at once
+            if resume is None:  # a run alive in the folder was named by the lock
+                check_new_folder(out)
             if lock is not None and lock.taken_over:
                 print(lock.taken_over)
             model, state, train_batches, test_batches, memory = _prepare(
@@ -98,11 +103,18 @@ def fit(config, resume=None, stop_after_steps=None, out_dir=None):
             trainer.optimizer.load_state_dict(optim_state)
             started -= state.wall  # the run's wall clock goes on from where it was saved
             if trainer.primary:
-                print(f"resumed from {resume} at epoch {state.epoch + 1}, step {state.step}"
-                      + (f", writing into {out}" if out.resolve() != resume.parent.resolve()
-                         else ""))
+                print(_resumed(resume, state, config, out))
         return _train(trainer, train_batches, test_batches, state, out, started,
                       stop_after_steps)
+
+
+def check_new_folder(out):
+    """A new run does not write over another's checkpoints: a RunRefused if ``out`` holds
+    a run's last.npz."""
+    if (out / "last.npz").exists():
+        raise RunRefused(f"{out} holds a run already ({out / 'last.npz'}): continue it with "
+                         f"--resume {out}, or give another --out (or delete {out} to start "
+                         f"over)")
 
 
 def _prepare(config, resumed, processes):
@@ -118,7 +130,7 @@ def _prepare(config, resumed, processes):
     train_batches, test_batches = _batches(config, processes)
     if resumed:
         model, state = ViT(known), RunState.from_meta(resumed[1])
-        _carry_best(resumed[0].parent, Path(config.out_dir))
+        _carry_checkpoints(resumed[0], Path(config.out_dir))
     else:
         model, notes = build_model(config)
         state = RunState(lr=config.lr, init=notes)
@@ -193,11 +205,24 @@ def _batches(config, processes):
     return train, test
 
 
-def _carry_best(source, out):
-    """A run continued into another folder takes its best model along: the state's best
-    accuracy is that file's."""
-    if (source / "best.npz").is_file() and not (out / "best.npz").is_file() \
-            and source.resolve() != out.resolve():
+def _resumed(resume, state, config, out):
+    """The line that says where a resumed run goes on from."""
+    where = (f"(the run had ended, {config.epochs} of {config.epochs} epochs: nothing is left "
+             f"to train, its last weights are evaluated again)" if state.epoch >= config.epochs
+             else f"at epoch {state.epoch + 1}, step {state.step}")
+    elsewhere = out.resolve() != resume.parent.resolve()
+    return f"resumed from {resume} {where}" + (f", writing into {out}" if elsewhere else "")
+
+
+def _carry_checkpoints(resume, out):
+    """A run continued into another folder takes its checkpoint along as last.npz, and
+    its best model (the state's best accuracy is that file's): the folder holds the
+    whole run, even one that stops, or ends, before it writes them again."""
+    source = resume.parent
+    if source.resolve() == out.resolve():
+        return
+    _copy(resume, out / "last.npz")
+    if (source / "best.npz").is_file() and not (out / "best.npz").is_file():
         _copy(source / "best.npz", out / "best.npz")
 
 
