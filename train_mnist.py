@@ -38,7 +38,7 @@ from tinyvit.train import (
 )
 from tinyvit.train.distributed import LaunchError, StopRequested, communicator, launched
 from tinyvit.train.lock import FolderInUse
-from tinyvit.train.parallel import MAX_AUTO_WORKERS, auto_workers
+from tinyvit.train.parallel import MAX_AUTO_WORKERS, WorkerDied, auto_workers
 from tinyvit.train.signals import Stopped
 from tinyvit.weights import CheckpointError, PretrainedError
 
@@ -96,7 +96,8 @@ def parse_args(argv):
     p.add_argument("--dataset", choices=["mnist", "fashion-mnist", "cifar10"])
     p.add_argument("--data-dir", help="folder with the dataset files "
                                       "(else $TINYVIT_DATA, the cache, a download)")
-    p.add_argument("--out", dest="out_dir", help="output folder (default runs/<recipe>; not one that holds a run)")
+    p.add_argument("--out", dest="out_dir",
+                   help="output folder (default runs/<recipe>; not one that holds a run)")
     p.add_argument("--backend", choices=["numpy", "cupy"])
     p.add_argument("--seed", type=int)
     p.add_argument("--workers", type=int,
@@ -274,10 +275,10 @@ def run_reporting_errors(args, mode, config):
             print(f"train_mnist.py: error: {error}", file=sys.stderr)
         return 2
     except (DatasetError, CheckpointError, PretrainedError, FileNotFoundError, BackendError,
-            TrainingDiverged, NoSpaceError, FolderInUse, PermissionError) as error:
+            TrainingDiverged, NoSpaceError, FolderInUse, PermissionError, WorkerDied) as error:
         # not a bug: a file it was given, a backend not installed here, a learning rate
-        # too high for the run, a full disk, a folder another run writes into, or one
-        # this user may not write
+        # too high for the run, a full disk, a folder another run writes into, one this
+        # user may not write, or a worker process killed (by the system, out of memory)
         print(f"train_mnist.py: error{process}: {error}", file=sys.stderr)
         return 1
     except StopRequested:  # for main: not this process's alone

@@ -93,6 +93,42 @@ def test_resumed_run_ends_with_the_same_weights(stripes, tmp_path, stop_after, w
         }
 
 
+def test_a_killed_worker_saves_the_steps_before_and_the_run_resumes_to_the_same_weights(
+        stripes, tmp_path, monkeypatch):
+    """A worker killed (as by the out-of-memory killer) in the 5th step: that step did not
+    happen, the 4 before are saved, one error says so, and the resumed run ends as one
+    that was never stopped."""
+    from tinyvit.train.parallel import DataParallel, WorkerDied
+
+    config = dict(model_overrides=TINY_MODEL, workers=2)
+    fit(tiny_config(stripes, tmp_path / "straight", **config))
+    calls, run = [], DataParallel._run
+
+    def killing(self, mode, x, seed=0):
+        calls.append(mode)
+        if len(calls) == 5:
+            self.processes[1].kill()
+        return run(self, mode, x, seed)
+
+    monkeypatch.setattr(DataParallel, "_run", killing)
+    out = tmp_path / "resumed"
+    with pytest.raises(WorkerDied) as died:
+        fit(tiny_config(stripes, out, **config))
+    assert str(died.value) == (
+        "tinyvit worker process exited unexpectedly: tinyvit-worker-1 (exit code -9); saved "
+        f"{out / 'last.npz'} (epoch 1, step 4); resume with --resume {out}")
+    monkeypatch.setattr(DataParallel, "_run", run)
+    weights, optim, meta = final_weights(out)
+    assert meta["global_step"] == 4 and int(optim["t"]) == 4
+    fit(None, resume=out)
+    straight, straight_optim, _ = final_weights(tmp_path / "straight")
+    resumed, resumed_optim, _ = final_weights(out)
+    for key in straight:
+        np.testing.assert_array_equal(resumed[key], straight[key], err_msg=key)
+    for key in straight_optim:
+        np.testing.assert_array_equal(resumed_optim[key], straight_optim[key], err_msg=key)
+
+
 def test_ctrl_c_during_evaluation_saves_and_resumes(stripes, tmp_path, monkeypatch):
     import tinyvit.train.loop as train
 

@@ -40,6 +40,7 @@ from .distributed import check_launch, communicator, launched
 from .evaluate import evaluate
 from .lock import RunLock
 from .memory import check_memory
+from .parallel import WorkerDied
 from .predict import check_checkpoint_config, run_config
 from .report import write_final_report, write_metrics
 from .signals import Stop, Stopped
@@ -154,24 +155,28 @@ def _train(trainer, train_batches, test_batches, state, out, started, stop_after
         except KeyboardInterrupt as stopped:  # in training or in evaluation: state says where
             if trainer.primary:
                 state.wall = time.perf_counter() - started
-                _save_stopped(trainer, state, out, stopped)
+                why = (f"stopped by {stopped.args[0]}" if isinstance(stopped, Stopped)
+                       else "interrupted")
+                print(f"\n{why}: {_save_stopped(trainer, state, out)}", flush=True)
             raise
+        except WorkerDied as died:  # its step did not happen: the steps before are saved
+            state.wall = time.perf_counter() - started
+            raise WorkerDied(f"{died}; {_save_stopped(trainer, state, out)}") from None
         except NoSpaceError as error:
             raise _after_full_disk(error, out) from None
     return state.history
 
 
-def _save_stopped(trainer, state, out, stopped):
-    """``last.npz`` of a stopped run, whole even when another signal comes meanwhile."""
+def _save_stopped(trainer, state, out):
+    """``last.npz`` of a stopped run, whole even when another signal comes meanwhile;
+    returns the line that says where it stands."""
     path = out / "last.npz"
     try:
         with trainer.stop.saving(path):
             _save(path, trainer, state)
     except NoSpaceError as error:
         raise _after_full_disk(error, out) from None
-    why = f"stopped by {stopped.args[0]}" if isinstance(stopped, Stopped) else "interrupted"
-    print(f"\n{why}: saved {path} (epoch {state.epoch + 1}, step {state.step}); "
-          f"resume with --resume {out}", flush=True)
+    return f"saved {path} (epoch {state.epoch + 1}, step {state.step}); resume with --resume {out}"
 
 
 def _check_run_state(path, meta):

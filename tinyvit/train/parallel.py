@@ -68,6 +68,11 @@ def auto_workers(backend="numpy"):
     return min(available_cores(), MAX_AUTO_WORKERS) if backend == "numpy" else 1
 
 
+class WorkerDied(RuntimeError):
+    """A worker process ended in the middle of a command (killed, out of memory): the
+    step it was part of did not happen."""
+
+
 class DataParallel:
     """Worker processes that compute a model's gradients and logits on shares of
     a batch. Use as a context manager (it starts and stops the processes):
@@ -196,7 +201,7 @@ class DataParallel:
             # all, so none is left unread
             replies = [self.pipes[rank].recv() for rank, _, _ in shards]
         except (EOFError, OSError):  # a worker gone: end of file, broken pipe or reset connection
-            raise RuntimeError(
+            raise WorkerDied(
                 f"tinyvit worker process exited unexpectedly: {self._exited()}") from None
         for (rank, _, _), (status, value) in zip(shards, replies):
             if status == "error":

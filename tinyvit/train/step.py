@@ -117,9 +117,9 @@ class Trainer:
         scalars, so nothing waits for the host (the workers' loss is a host float
         already)."""
         x, target = self.mix(x, y, seed + (1,))
-        self.optimizer.advance(lr)
         with quiet_overflow():  # a value that overflows shows in the loss or the norm
             if self.parallel is None:
+                self.optimizer.advance(lr)
                 self.model.seed_dropout(seed)
                 return self.update(x, target, y)
             # the same, over the workers: their targets are distributions
@@ -127,6 +127,7 @@ class Trainer:
             self.criterion.check_labels(target, self.num_classes)
             targets = self.criterion.targets(target, self.num_classes, x.dtype)
             loss, logits = self.parallel.gradients(x, targets, seed)
+            self.optimizer.advance(lr)  # counted once the gradients are in (a worker may die)
             return self.update_with(loss, logits, y)
 
     def device_step(self, x, target, y):
