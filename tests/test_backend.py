@@ -1,5 +1,6 @@
 """tinyvit.backend: switching backend says what is missing and changes nothing."""
 
+import os
 import sys
 
 import numpy as np
@@ -38,3 +39,14 @@ def test_unpooled_bytes_come_from_no_memory_pool(backend):
         with B.xp.cuda.using_allocator(pool.malloc):
             B.unpooled_bytes(1 << 20)
         assert pool.total_bytes() == 0
+
+
+def test_a_bad_tinyvit_backend_is_named_at_import():
+    import subprocess
+
+    env = {**os.environ, "TINYVIT_BACKEND": "abc"}
+    run = subprocess.run([sys.executable, "-c", "import tinyvit"], env=env, capture_output=True,
+                         text=True)
+    assert run.returncode == 1
+    assert run.stderr.splitlines()[-1] == ("ValueError: TINYVIT_BACKEND='abc': backend must be "
+                                           "one of ('numpy', 'cupy'), got 'abc'")

@@ -211,4 +211,7 @@ def synchronize():
 
 
 if os.environ.get("TINYVIT_BACKEND"):
-    set_backend(os.environ["TINYVIT_BACKEND"])
+    try:
+        set_backend(os.environ["TINYVIT_BACKEND"])
+    except (ValueError, BackendError) as error:  # named: it comes from the environment
+        raise type(error)(f"TINYVIT_BACKEND={os.environ['TINYVIT_BACKEND']!r}: {error}") from None
