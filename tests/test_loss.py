@@ -180,7 +180,8 @@ def test_labels_out_of_range(backend, labels, message):
          "expected float logits, got dtype int64"),
         (np.zeros((3, 5)), np.zeros((3, 4)),
          r"soft targets must be \(B, K\) = \(3, 5\), got \(3, 4\)"),
-        (np.zeros((3, 5)), np.zeros(3), r"soft targets must be \(B, K\) = \(3, 5\), got \(3,\)"),
+        (np.zeros((3, 5)), np.zeros(3), r"soft targets must be \(B, K\) = \(3, 5\), got \(3,\); "
+         "labels of shape \\(3,\\) must be integers, got dtype float64$"),
         (np.zeros(5), np.zeros(1, np.int64),
          r"expected logits \(B, K\) of one image or more, got shape \(5,\)"),
         (np.zeros((0, 5)), np.zeros(0, np.int64),
@@ -196,6 +197,16 @@ def test_labels_out_of_range(backend, labels, message):
 def test_bad_inputs_get_clear_errors(backend, logits, target, message):
     with pytest.raises(ValueError, match="SoftmaxCrossEntropy: " + message):
         SoftmaxCrossEntropy().forward(B.to_device(logits), B.to_device(target))
+
+
+def test_targets_and_logits_that_are_not_arrays_are_named():
+    with pytest.raises(ValueError, match=r"^SoftmaxCrossEntropy: expected an array of 3 integer "
+                                         r"labels or of soft targets \(B, K\) = \(3, 5\), got "
+                                         r"list$"):
+        SoftmaxCrossEntropy().forward(np.zeros((3, 5)), [0, 1, 2])
+    with pytest.raises(ValueError, match=r"^SoftmaxCrossEntropy: expected logits, an array "
+                                         r"\(B, K\), got list$"):
+        SoftmaxCrossEntropy().forward([[0.0] * 5] * 3, np.zeros(3, np.int64))
 
 
 @pytest.mark.parametrize("smoothing", [-0.1, 1.0])

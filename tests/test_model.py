@@ -1,6 +1,8 @@
 """The whole ViT: presets and parameter counts, summary, state dicts in timm's
 layout, input errors, and gradient checks of the whole model."""
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -173,6 +175,8 @@ def test_grads_use_state_dict_keys():
         (lambda: np.zeros((2, 2, 8, 8), np.uint8),
          "^ViT: expected a float array, got dtype uint8$"),
         (lambda: [[0.0]], r"^ViT: expected an array of images \(B, 2, 8, 8\), got list$"),
+        (lambda: SimpleNamespace(shape=(2, 2, 8, 8), dtype="float32"),  # as a torch.Tensor
+         r"^ViT: expected an array of images \(B, 2, 8, 8\), got types.SimpleNamespace$"),
     ],
 )
 def test_bad_images_get_clear_errors(make_input, message):
@@ -192,6 +196,15 @@ def test_backward_before_a_training_forward_is_an_error_naming_the_model(fast):
     with pytest.raises(RuntimeError, match="^ViT.backward called without a forward before it "
                                            r"\(.* an eval-mode forward keeps nothing"):
         model.backward(np.ones_like(logits))
+
+
+def test_a_gradient_that_is_not_an_array_is_named():
+    model = ViT(**TINY)
+    model.forward(np.zeros((2, 2, 8, 8), np.float32))
+    for dlogits, got in (([[1.0] * 3] * 2, "list"), (1.0, "float")):
+        with pytest.raises(ValueError, match=r"^ViT.backward: expected dlogits, an array of the "
+                                             rf"logits' shape \(2, 3\), got {got}$"):
+            model.backward(dlogits)
 
 
 def test_a_gradient_of_another_shape_than_the_logits_is_named_and_the_forward_kept():

@@ -1,6 +1,20 @@
 """Checks of arguments that name what was expected and what came."""
 
 
+def type_name(x):
+    """``list``, ``float``; ``torch.Tensor`` for a type from outside Python itself."""
+    module = type(x).__module__.split(".")[0]
+    return type(x).__name__ if module == "builtins" else f"{module}.{type(x).__name__}"
+
+
+def check_array(x, where, what):
+    """A ValueError unless ``x`` is an array as NumPy's and CuPy's are (a shape, and a
+    dtype of NumPy's kinds: not a list, a number or another library's tensor):
+    "<where>: expected <what>, got <its type>"."""
+    if not (hasattr(x, "shape") and hasattr(getattr(x, "dtype", None), "kind")):
+        raise ValueError(f"{where}: expected {what}, got {type_name(x)}")
+
+
 def check_fields(config, names, valid, expected):
     """A ValueError naming the first field of ``config`` in ``names`` whose value is
     not ``valid``: "<name> must be <expected>, got <value>"."""
@@ -46,9 +60,7 @@ def check_images(x, where, channels=None, size=None):
     C = "C" if channels is None else channels
     H, W = ("H", "W") if size is None else (size, size)
     expected = f"(B, {C}, {H}, {W})"
-    if not hasattr(x, "ndim"):
-        raise ValueError(f"{where}: expected an array of images {expected}, got "
-                         f"{type(x).__name__}")
+    check_array(x, where, f"an array of images {expected}")
     check_float(x, where)
     if (x.ndim != 4 or channels not in (None, x.shape[1])
             or size is not None and tuple(x.shape[2:]) != (size, size)):

@@ -1,7 +1,7 @@
 """Softmax cross-entropy, with label smoothing and soft (mixup/cutmix) targets."""
 
 from ..backend import xp
-from ..checks import check_distributions, check_label_range
+from ..checks import check_array, check_distributions, check_label_range
 from .functional import log_softmax
 from .module import Module
 
@@ -49,6 +49,7 @@ class SoftmaxCrossEntropy(Module):
         return (xp.exp(log_probs) - t) * (dout / log_probs.shape[0])
 
     def _check_logits(self, logits):
+        check_array(logits, "SoftmaxCrossEntropy", "logits, an array (B, K)")
         if logits.ndim != 2 or logits.shape[0] == 0:
             raise ValueError(
                 f"SoftmaxCrossEntropy: expected logits (B, K) of one image or more, got shape "
@@ -63,11 +64,15 @@ class SoftmaxCrossEntropy(Module):
         """A clear ValueError unless ``target`` is ``batch`` integer labels or
         (batch, num_classes) soft targets (their shape and dtype: nothing is read)."""
         B, K = batch, num_classes
+        check_array(target, "SoftmaxCrossEntropy", f"an array of {B} integer labels or of soft "
+                                                   f"targets (B, K) = {(B, K)}")
         if xp.issubdtype(target.dtype, xp.floating):
             if target.shape != (B, K):
+                labels = (f"; labels of shape ({B},) must be integers, got dtype {target.dtype}"
+                          if target.shape == (B,) else "")
                 raise ValueError(
                     f"SoftmaxCrossEntropy: soft targets must be (B, K) = {(B, K)}, "
-                    f"got {target.shape}"
+                    f"got {target.shape}{labels}"
                 )
             return
         if target.shape != (B,):
