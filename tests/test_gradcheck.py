@@ -97,3 +97,20 @@ def test_the_whole_command_passes():
     assert "FAIL" not in result.stdout
     assert "patch_embed.backbone.conv1 (Conv2d)" in result.stdout
     assert result.stdout.splitlines()[-1].endswith("tensors passed (all within 1e-07)")
+
+
+def test_an_input_or_a_parameter_not_in_float64_is_named_with_the_fix():
+    import numpy as np
+
+    from tinyvit.gradcheck import gradient_check
+
+    layer = layers.Linear(3, 2, dtype="float32")
+    with pytest.raises(ValueError, match=r"^gradient_check: the input must be float64, got "
+                                         r"float32 \(x.astype\('float64'\)\)$"):
+        gradient_check(layer, np.zeros((2, 3), np.float32))
+    with pytest.raises(ValueError, match=r"^gradient_check: the parameters must be float64, got "
+                                         r"weight in float32 \(build the module inside "
+                                         r"backend.default_dtype\('float64'\), or call "
+                                         r"module.astype\('float64'\)\)$"):
+        gradient_check(layer, np.zeros((2, 3)))
+    gradient_check(layer.astype("float64"), np.ones((2, 3))).assert_ok()

@@ -70,11 +70,20 @@ def test_create_model_overrides_and_errors():
         (dict(attn_dropout=-0.1), r"attn_dropout must be in \[0, 1\), got -0.1"),
         (dict(norm_eps=0.0), "norm_eps must be positive, got 0.0"),
         (dict(representation_size=-1), "representation_size must be at least 0, got -1"),
+        (dict(depth="4"), r"^depth must be an int, got '4' \(str\)$"),
+        (dict(depth=4.0), r"^depth must be an int, got 4.0 \(float\)$"),
+        (dict(num_heads=True), r"^num_heads must be an int, got True \(bool\)$"),
+        (dict(mlp_ratio="2"), r"^mlp_ratio must be a number, got '2' \(str\)$"),
     ],
 )
 def test_config_errors(fields, message):
     with pytest.raises(ValueError, match=message):
         ViTConfig(**fields)
+
+
+def test_config_takes_numpy_numbers_and_an_int_ratio():
+    config = ViTConfig(depth=np.int64(2), mlp_ratio=2, dropout=np.float32(0.5))
+    assert (config.depth, config.mlp_ratio, config.dropout) == (2, 2, 0.5)
 
 
 def test_same_seed_same_model():

@@ -246,6 +246,17 @@ def test_tinyvit_model_file_and_training_checkpoint(backend, tmp_path):
     loaded = load_pretrained(tmp_path / "last.npz")
     assert loaded.config == trained.config
     assert_same_logits(loaded, trained)
+    (tmp_path / "last.npz").rename(tmp_path / "best.npz")  # a run's folder: its best model
+    assert_same_logits(load_pretrained(tmp_path), trained)
+
+
+def test_a_folder_of_neither_kind_is_named(tmp_path):
+    (tmp_path / "notes.txt").write_text("")
+    with pytest.raises(PretrainedError, match=rf"^{tmp_path}: expected a folder with "
+                                              r"model.safetensors \(and config.json\) or a "
+                                              r"training run's folder \(best.npz\), got "
+                                              r"\['notes.txt'\]$"):
+        load_pretrained(tmp_path)
 
 
 # -- export ----------------------------------------------------------------------------------

@@ -288,6 +288,25 @@ def test_a_folder_this_user_may_not_write_is_one_line(stripes, tmp_path, capsys)
         err.count("\n") == 1
 
 
+@pytest.mark.parametrize("save, name, message", [
+    ("save_model", "model.npz",
+     "not a tinyvit training checkpoint, expected a meta entry (the run: its dataset and where "
+     "it stands), got a tinyvit model file (weights and the model's config, no run)"),
+    ("save_pretrained", "model.safetensors",
+     "weights alone, not a training checkpoint: evaluating and predicting read a run's best.npz "
+     "or last.npz, which names its dataset (train from these weights with --init)"),
+])
+def test_eval_of_weights_alone_says_it_needs_a_run(tmp_path, capsys, save, name, message):
+    from tinyvit import weights
+
+    if save == "save_pretrained":
+        pytest.importorskip("safetensors")
+    path = tmp_path / name
+    getattr(weights, save)(ViT(depth=1), path)
+    assert train_mnist.main(["--eval", str(path)]) == 1
+    assert capsys.readouterr().err == f"train_mnist.py: error: {path}: {message}\n"
+
+
 def test_cli_mode_is_decided_once_so_an_empty_resume_resumes(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert train_mnist.main(["--resume", ""]) == 1

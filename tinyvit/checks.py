@@ -1,5 +1,21 @@
 """Checks of arguments that name what was expected and what came."""
 
+import dataclasses
+import numbers
+
+NUMBER_TYPES = {int: numbers.Integral, float: numbers.Real}  # a field's type -> what it takes
+
+
+def check_number_types(config):
+    """A ValueError naming the first int or float field of the dataclass ``config``
+    whose value is not a number of that kind (an int field takes any integer, NumPy's
+    too, a float field any real number; neither takes a bool or a string)."""
+    for field in dataclasses.fields(config):
+        kind, value = NUMBER_TYPES.get(field.type), getattr(config, field.name)
+        if kind is not None and (isinstance(value, bool) or not isinstance(value, kind)):
+            raise ValueError(f"{field.name} must be {'an int' if field.type is int else 'a number'}"
+                             f", got {value!r} ({type_name(value)})")
+
 
 def type_name(x):
     """``list``, ``float``; ``torch.Tensor`` for a type from outside Python itself."""

@@ -70,6 +70,19 @@ class TensorCheck:
         return abs(self.analytic - self.numeric) <= self.noise
 
 
+def check_float64(module, x):
+    """A ValueError naming the input, or the first parameter, that is not float64, and how
+    to make it so."""
+    if x.dtype != xp.float64:
+        raise ValueError(f"gradient_check: the input must be float64, got {x.dtype} (x.astype("
+                         "'float64'))")
+    for name, p in module.named_parameters():
+        if p.data.dtype != xp.float64:
+            raise ValueError(f"gradient_check: the parameters must be float64, got {name} in "
+                             f"{p.data.dtype} (build the module inside "
+                             "backend.default_dtype('float64'), or call module.astype('float64'))")
+
+
 def gradient_check(module, x, *args, h=1e-5, seed=0, before_forward=None, wrt_input=True,
                    tol=1e-7, expected=None, repair=BUDGET):
     """Check ``module.backward`` against central differences, in float64.
@@ -88,8 +101,7 @@ def gradient_check(module, x, *args, h=1e-5, seed=0, before_forward=None, wrt_in
     numeric gradient was measured to carry (``measured``) and the two agree to 1e-4
     (``repair.within_rounding``); call ``.assert_ok()`` on it in tests.
     """
-    if x.dtype != xp.float64 or any(p.data.dtype != xp.float64 for p in module.parameters()):
-        raise ValueError("gradient_check: the input and the parameters must be float64")
+    check_float64(module, x)
 
     def forward():
         if before_forward is not None:

@@ -7,7 +7,7 @@ patch_size, C in_channels, K num_classes.
 
 import dataclasses
 
-from ..checks import check_fields
+from ..checks import check_fields, check_number_types
 
 STEM_NORMS = ("batch", "group")
 STEM_POOL = (3, 2, 1)  # the stem's max pool: kernel 3, stride 2, padding 1, as ResNet's
@@ -52,6 +52,7 @@ class ViTConfig:
 
     def __post_init__(self):
         self.stem = tuple(tuple(int(v) for v in stage) for stage in self.stem)  # JSON gives lists
+        check_number_types(self)
         check_fields(self, ("image_size", "patch_size", "in_channels", "num_classes", "embed_dim",
                             "depth", "num_heads"), lambda n: n >= 1, "at least 1")
         check_fields(self, ("dropout", "attn_dropout"), lambda p: 0.0 <= p < 1.0, "in [0, 1)")

@@ -3,7 +3,7 @@
 import dataclasses
 from pathlib import Path
 
-from ..checks import check_fields
+from ..checks import check_fields, check_number_types
 from ..data import dataset_info
 from ..models import preset_config
 
@@ -54,6 +54,7 @@ class TrainConfig:
 
     def __post_init__(self):
         """Every value is checked here, so that a bad one is named before a run starts."""
+        check_number_types(self)
         if self.init is None:  # with init, the weights' file is read when the run starts
             self.model_config()  # the dataset, the preset and its overrides
         if self.optimizer not in ("adamw", "sgd"):

@@ -50,7 +50,12 @@ def load_trained(path):
     """(model, TrainConfig) from a training checkpoint or a run folder (its
     best.npz), every part of the file checked before a model is built; the model of
     reference layers, in eval mode."""
-    checkpoint = read_checkpoint(trained_path(path), run_config, optimizer=False)
+    path = trained_path(path)
+    if path.suffix.lower() == ".safetensors":
+        raise CheckpointError(f"{path}: weights alone, not a training checkpoint: evaluating "
+                              "and predicting read a run's best.npz or last.npz, which names "
+                              "its dataset (train from these weights with --init)")
+    checkpoint = read_checkpoint(path, run_config, optimizer=False)
     model = ViT(checkpoint.model_config)
     model.load_state_dict(checkpoint.model_state)
     return model.eval(), checkpoint.config

@@ -135,8 +135,11 @@ def read_meta(npz, run_config=None):
     and makes the run's config (``tinyvit.train`` passes its own: this floor does
     not know the trainer's TrainConfig)."""
     if "meta" not in npz.entries:
+        kind = ("a tinyvit model file (weights and the model's config, no run)"
+                if "__config__" in npz.entries else
+                f"entries {sorted(npz.entries)[:5]}")
         raise CheckpointError(f"{npz.path}: not a tinyvit training checkpoint, expected a meta "
-                              f"entry, got entries {sorted(npz.entries)[:5]}")
+                              f"entry (the run: its dataset and where it stands), got {kind}")
     meta = npz.json("meta")
     if not isinstance(meta, dict) or not isinstance(meta.get("config"), dict):
         got = sorted(meta) if isinstance(meta, dict) else type(meta).__name__

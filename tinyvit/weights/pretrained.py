@@ -258,20 +258,24 @@ def _refuse_pickle(path):
 def _read_folder(path):
     if (path / "model.safetensors").is_file():
         return _read_safetensors_file(path / "model.safetensors")
+    if (path / "best.npz").is_file():  # a training run's folder: its best model, as --init
+        return _read_npz(path / "best.npz")
     if (path / "model.safetensors.index.json").is_file():
         raise PretrainedError(f"{path}: sharded checkpoints (model.safetensors.index.json) are not "
                               "supported; a ViT fits in one model.safetensors")
     pickles = sorted(p for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES)
     if pickles:
         _refuse_pickle(pickles[0])
-    raise PretrainedError(f"{path}: expected a folder with model.safetensors (and config.json), "
-                          f"got {sorted(p.name for p in path.iterdir())}")
+    raise PretrainedError(f"{path}: expected a folder with model.safetensors (and config.json) "
+                          f"or a training run's folder (best.npz), got "
+                          f"{sorted(p.name for p in path.iterdir())}")
 
 
 def read_pretrained(path):
     """The weights and config of a checkpoint as a ``Pretrained``, the format told by
-    the path: a folder with ``model.safetensors``, a ``.safetensors`` file (Hugging
-    Face or timm names) or a ``.npz`` file (tinyvit's or the paper's JAX names)."""
+    the path: a folder with ``model.safetensors`` (or a training run's folder, its
+    ``best.npz``), a ``.safetensors`` file (Hugging Face or timm names) or a ``.npz``
+    file (tinyvit's or the paper's JAX names)."""
     path = Path(path)
     if path.is_dir():
         return _read_folder(path)
