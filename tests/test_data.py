@@ -7,6 +7,7 @@ otherwise.
 """
 
 import dataclasses
+import gzip
 import hashlib
 import io
 import os
@@ -235,8 +236,33 @@ def test_sha256_mismatch_names_the_file_and_both_digests(tmp_path):
     message = str(error.value)
     assert message == (
         f"{path}: SHA-256 mismatch: expected {expected}, got {sha256(path)}; the file is "
-        "corrupted or not the official one: delete it and run again to download the official "
-        "file (from Python, load_dataset(..., verify=False) reads it anyway)")
+        "corrupted or not the official one: put the official file in its place (or delete it "
+        "and leave out --data-dir and TINYVIT_DATA: the official file is downloaded into the "
+        "cache) (from Python, load_dataset(..., verify=False) reads it anyway)")
+
+
+def test_a_corrupted_file_in_the_cache_is_downloaded_again_once_deleted(tmp_path, monkeypatch):
+    monkeypatch.setenv("TINYVIT_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "cache" / "mnist"
+    write_mnist(folder)
+    with pytest.raises(DatasetError, match="the file is corrupted or not the official one: "
+                                           "delete it and run again to download the official "
+                                           r"file \(from Python"):
+        load_dataset("mnist", "train", download=False)
+
+
+def test_unpacked_files_are_named_beside_the_missing_gz(tmp_path):
+    folder = tmp_path / "mnist"
+    write_mnist(folder)
+    for path in folder.glob("*.gz"):
+        path.with_suffix("").write_bytes(gzip.decompress(path.read_bytes()))
+        path.unlink()
+    with pytest.raises(DatasetError, match=r"missing in .*: train-images-idx3-ubyte.gz, "
+                                           r"train-labels-idx1-ubyte.gz \(found "
+                                           r"train-images-idx3-ubyte, train-labels-idx1-ubyte "
+                                           r"unpacked: tinyvit reads the official .gz files, "
+                                           r"whose checksums it knows\)"):
+        load_dataset("mnist", "train", folder)
 
 
 def test_sha256_match_passes(tmp_path, monkeypatch):

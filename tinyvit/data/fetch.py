@@ -68,7 +68,8 @@ def load_dataset(name, split, data_dir=None, download=True, verify=True):
     if verify:
         for path in paths:
             if path.name in info.sha256:
-                _check_digest(path, "sha256", info.sha256[path.name])
+                _check_digest(path, "sha256", info.sha256[path.name],
+                              downloads=folder.is_relative_to(cache_dir(info)))
     return read_split(info, layout, paths)
 
 
@@ -81,14 +82,19 @@ def file_digest(path, algorithm="sha256"):
     return digest.hexdigest()
 
 
-def _check_digest(path, algorithm, expected):
+def _check_digest(path, algorithm, expected, downloads=True):
+    """A DatasetError unless the file's digest is ``expected``; it says what to do: in
+    the cache (``downloads``), delete the file and a run downloads it again; in a folder
+    of the user's, put the official file there."""
     got = file_digest(path, algorithm)
     if got != expected:
+        fix = ("delete it and run again to download the official file" if downloads else
+               "put the official file in its place (or delete it and leave out --data-dir "
+               "and TINYVIT_DATA: the official file is downloaded into the cache)")
         raise DatasetError(
             f"{path}: {DIGEST_NAMES[algorithm]} mismatch: expected {expected}, got {got}; "
-            "the file is corrupted or not the official one: delete it and run again to "
-            "download the official file (from Python, load_dataset(..., verify=False) reads "
-            "it anyway)"
+            f"the file is corrupted or not the official one: {fix} (from Python, "
+            "load_dataset(..., verify=False) reads it anyway)"
         )
 
 
@@ -162,9 +168,10 @@ def _missing_error(info, split, data_dir):
     if not data_dir.exists():
         return DatasetError(f"{info.name} {split}: the data folder {data_dir} does not exist")
 
-    def present(candidate):
+    def present(candidate):  # the files there, unpacked ones too
         layout, folder = candidate
-        return sum((folder / filename).is_file() for filename in layout.splits[split])
+        return sum((folder / filename).is_file() or (folder / filename.removesuffix(".gz"))
+                   .is_file() for filename in layout.splits[split])
 
     layout, folder = max(_candidate_folders(info, data_dir), key=present)
     missing = [f for f in layout.splits[split] if not (folder / f).is_file()]
@@ -172,6 +179,11 @@ def _missing_error(info, split, data_dir):
         f"{info.name} {split}: {data_dir} does not hold the files; "
         f"missing in {folder}: {', '.join(missing)}"
     )
+    unpacked = [f.removesuffix(".gz") for f in missing
+                if f.endswith(".gz") and (folder / f.removesuffix(".gz")).is_file()]
+    if unpacked:
+        message += (f" (found {', '.join(unpacked)} unpacked: tinyvit reads the official .gz "
+                    "files, whose checksums it knows)")
     archives = [layout.archive.filename for layout in info.layouts if layout.archive]
     if archives:
         message += f" (an official tarball also works: {', '.join(archives)})"
