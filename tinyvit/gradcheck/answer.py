@@ -219,7 +219,7 @@ def _name_reason(edit):
     used = _where_used(edit, now)
     return (f"{now}, not {was}, is what the forward used here"
             + (f" ({used})" if used else "") if used else
-            f"{now} in place of {was}, which has the same shape")
+            f"{now} in place of {was}")
 
 
 def _where_used(edit, name):
