@@ -176,6 +176,11 @@ def test_a_new_run_into_a_folder_holding_a_run_is_refused_leaving_it_whole(strip
         f"train_mnist.py: error: {a} holds a run already ({a / 'last.npz'}): continue it with "
         f"--resume {a}, or give another --out (or delete {a} to start over)\n")
     assert {p.name: p.read_bytes() for p in a.iterdir()} == before
+    stopped_run(stripes, tmp_path / "b")  # nor does a run continued into it
+    capsys.readouterr()
+    assert train_mnist.main(["--resume", str(tmp_path / "b"), "--out", str(a)]) == 2
+    assert capsys.readouterr().err.startswith(f"train_mnist.py: error: {a} holds a run already")
+    assert {p.name: p.read_bytes() for p in a.iterdir()} == before
 
 
 def test_a_finished_run_resumed_into_another_folder_says_so_and_the_folder_holds_it(

@@ -90,8 +90,8 @@ def fit(config, resume=None, stop_after_steps=None, out_dir=None, data_dir=None)
     out, stop = Path(config.out_dir), Stop()
     with stop, RunLock(out) if rank == 0 else nullcontext() as lock:
         with stop.interrupting():  # nothing to save yet: a signal stops it at once
-            if resume is None:  # a run alive in the folder was named by the lock
-                check_new_folder(out)
+            if resume is None or out.resolve() != resume.parent.resolve():
+                check_new_folder(out)  # (a run alive in it was named by the lock)
             if lock is not None and lock.taken_over:
                 print(lock.taken_over)
             model, state, train_batches, test_batches, memory = _prepare(
@@ -110,8 +110,8 @@ def fit(config, resume=None, stop_after_steps=None, out_dir=None, data_dir=None)
 
 
 def check_new_folder(out):
-    """A new run does not write over another's checkpoints: a RunRefused if ``out`` holds
-    a run's last.npz."""
+    """A new run, or one continued into another folder, does not write over another
+    run's checkpoints: a RunRefused if ``out`` holds a run's last.npz."""
     if (out / "last.npz").exists():
         raise RunRefused(f"{out} holds a run already ({out / 'last.npz'}): continue it with "
                          f"--resume {out}, or give another --out (or delete {out} to start "
