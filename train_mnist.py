@@ -16,7 +16,6 @@ Every flag is optional; ``--recipe`` picks a tested set of defaults (see
 
 import argparse
 import dataclasses
-import os
 import sys
 import traceback
 import warnings
@@ -199,8 +198,6 @@ def make_config(args):
         recipe.pop("budget", None)
     values = {**recipe, **{k: v for k, v in given.items() if k in fields}}
     values.setdefault("out_dir", f"runs/{args.recipe or values.get('dataset', 'mnist')}")
-    if values.get("data_dir"):  # kept in the checkpoints: a resumed run may start elsewhere
-        values["data_dir"] = os.path.abspath(os.path.expanduser(values["data_dir"]))
     if launched()[1] == 1:  # under mpiexec, its processes share each batch
         values.setdefault("workers", auto_workers(values.get("backend", "numpy")))
     return TrainConfig(**values, model_overrides=model_overrides)
@@ -214,8 +211,11 @@ def run(args, mode, config):
             print(f"{name}: {prob:.4f}")
     elif mode == "eval":
         model, config = load_trained(args.eval)
-        config = dataclasses.replace(config, data_dir=args.data_dir or config.data_dir,
-                                     test_subset=args.test_subset or 0)
+        try:  # the flags checked as a run's
+            config = dataclasses.replace(config, data_dir=args.data_dir or config.data_dir,
+                                         test_subset=args.test_subset or 0)
+        except ValueError as error:
+            raise RunRefused(str(error)) from None
         loss, acc, _, _ = evaluate(model, make_batches(config, "test"))
         print(f"{args.eval}: test accuracy {acc:.4f}, loss {loss:.4f} ({config.dataset})")
     else:
@@ -228,13 +228,10 @@ def main(argv=None):
     rank, size = launched()
     try:
         args, mode = parse_args(argv)
-        with warnings.catch_warnings(record=True) as caught:  # more threads than cores
-            warnings.simplefilter("always")
+        with warnings.catch_warnings():  # more threads than cores: the start's line says it
+            warnings.simplefilter("ignore", RuntimeWarning)  # where the kernels run here
             check_environment()  # TINYVIT_NUM_THREADS, TINYVIT_NUMBA, TINYVIT_MKL, read again
         config = make_config(args) if mode == "train" else None
-        in_workers = config is not None and config.workers > 1  # each on one thread
-        for warning in caught if rank == 0 and not in_workers else ():
-            print(f"train_mnist.py: warning: {warning.message}", file=sys.stderr)
         world = communicator() if size > 1 else None
     except (ValueError, LaunchError) as error:  # a flag out of range, or one its mode would
         if rank == 0:  # ignore, or mpi4py missing: the same in every process

@@ -286,6 +286,15 @@ def test_beta_draws_follow_beta_alpha_alpha(backend, alpha, cdf):
     assert ks < 1.95 / math.sqrt(n)
 
 
+def test_a_large_beta_alpha_draws_at_once_with_the_right_spread():
+    """Jöhnk's algorithm accepts almost no try at alpha 50: NumPy's sampler takes over,
+    and the draws have Beta(50, 50)'s mean 1/2 and standard deviation 1/sqrt(4 (2a + 1))."""
+    rng = B.host_rng(11)
+    draws = np.array([A._beta(rng, 50.0) for _ in range(2000)])
+    assert abs(draws.mean() - 0.5) < 0.005
+    assert abs(draws.std() / (1 / math.sqrt(4 * 101)) - 1) < 0.1
+
+
 def mixing_weights(targets, y):
     """From soft targets with distinct labels y: lam and each sample's partner index."""
     lams, partners = [], []

@@ -74,6 +74,8 @@ def test_create_model_overrides_and_errors():
         (dict(depth=4.0), r"^depth must be an int, got 4.0 \(float\)$"),
         (dict(num_heads=True), r"^num_heads must be an int, got True \(bool\)$"),
         (dict(mlp_ratio="2"), r"^mlp_ratio must be a number, got '2' \(str\)$"),
+        (dict(qkv_bias="False"), r"^qkv_bias must be True or False, got 'False' \(str\)$"),
+        (dict(dropout=float("nan")), r"^dropout must be a finite number, got nan$"),
     ],
 )
 def test_config_errors(fields, message):
@@ -81,9 +83,13 @@ def test_config_errors(fields, message):
         ViTConfig(**fields)
 
 
-def test_config_takes_numpy_numbers_and_an_int_ratio():
-    config = ViTConfig(depth=np.int64(2), mlp_ratio=2, dropout=np.float32(0.5))
-    assert (config.depth, config.mlp_ratio, config.dropout) == (2, 2, 0.5)
+def test_config_takes_numpy_numbers_and_an_int_ratio_as_python_values():
+    """Python's own, which JSON writes (a checkpoint's meta, config.json)."""
+    config = ViTConfig(depth=np.int64(2), mlp_ratio=2, dropout=np.float32(0.5),
+                       qkv_bias=np.bool_(False))
+    values = (config.depth, config.mlp_ratio, config.dropout, config.qkv_bias)
+    assert values == (2, 2.0, 0.5, False)
+    assert [type(v) for v in values] == [int, float, float, bool]
 
 
 def test_same_seed_same_model():

@@ -176,11 +176,44 @@ def test_a_new_run_into_a_folder_holding_a_run_is_refused_leaving_it_whole(strip
         f"train_mnist.py: error: {a} holds a run already ({a / 'last.npz'}): continue it with "
         f"--resume {a}, or give another --out (or delete {a} to start over)\n")
     assert {p.name: p.read_bytes() for p in a.iterdir()} == before
-    stopped_run(stripes, tmp_path / "b")  # nor does a run continued into it
-    capsys.readouterr()
-    assert train_mnist.main(["--resume", str(tmp_path / "b"), "--out", str(a)]) == 2
-    assert capsys.readouterr().err.startswith(f"train_mnist.py: error: {a} holds a run already")
+    stopped_run(stripes, tmp_path / "b")  # nor does a run continued into it,
+    shutil.copy(tmp_path / "b" / "last.npz", a / "other.npz")  # nor one from another file
+    before["other.npz"] = (a / "other.npz").read_bytes()
+    for args in (["--resume", str(tmp_path / "b"), "--out", str(a)],
+                 ["--resume", str(a / "other.npz")]):
+        capsys.readouterr()
+        assert train_mnist.main(args) == 2
+        assert capsys.readouterr().err.startswith(f"train_mnist.py: error: {a} holds a run "
+                                                  f"already ({a / 'last.npz'})")
     assert {p.name: p.read_bytes() for p in a.iterdir()} == before
+    (a / "last.npz").rename(a / "best.npz")  # a best.npz alone is a run's too
+    assert train_mnist.main(cli(stripes, a, "--epochs", "1")) == 2
+    assert capsys.readouterr().err.startswith(f"train_mnist.py: error: {a} holds a run "
+                                              f"already ({a / 'best.npz'})")
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--out", "{tmp}/afile"], "out_dir: expected a folder, but {tmp}/afile is a file"),
+    (["--out", "{tmp}/afile/run"],
+     "out_dir: expected a folder, but {tmp}/afile/run has {tmp}/afile, which is a file"),
+])
+def test_a_resume_into_a_folder_that_cannot_be_one_is_one_line(stripes, tmp_path, capsys,
+                                                              flags, message):
+    stopped_run(stripes, tmp_path / "a")
+    (tmp_path / "afile").write_text("x")
+    capsys.readouterr()
+    flags = [f.format(tmp=tmp_path) for f in flags]
+    assert train_mnist.main(["--resume", str(tmp_path / "a"), *flags]) == 2
+    assert capsys.readouterr().err == f"train_mnist.py: error: {message.format(tmp=tmp_path)}\n"
+
+
+def test_eval_with_a_test_subset_out_of_range_is_one_line(stripes, tmp_path, capsys):
+    stopped_run(stripes, tmp_path / "a")
+    capsys.readouterr()
+    assert train_mnist.main(["--eval", str(tmp_path / "a" / "last.npz"), "--test-subset",
+                             "-5"]) == 2
+    assert capsys.readouterr().err == ("train_mnist.py: error: test_subset must be at least 0, "
+                                       "got -5\n")
 
 
 def test_a_finished_run_resumed_into_another_folder_says_so_and_the_folder_holds_it(
@@ -201,7 +234,7 @@ def test_a_finished_run_resumed_into_another_folder_says_so_and_the_folder_holds
 
 
 def test_a_run_resumes_from_another_working_folder_and_from_moved_data(stripes, tmp_path,
-                                                                       monkeypatch):
+                                                                       monkeypatch, capsys):
     """A relative --data-dir is kept as an absolute path; data that moved is named with
     --data-dir beside --resume."""
     run = stripes.parent / "a"
@@ -212,8 +245,14 @@ def test_a_run_resumes_from_another_working_folder_and_from_moved_data(stripes, 
     monkeypatch.chdir(tmp_path.parent)
     assert train_mnist.main(["--resume", str(run)]) == 0
     moved = shutil.move(stripes, tmp_path / "moved")
+    capsys.readouterr()
     assert train_mnist.main(["--resume", str(run)]) == 1  # the data is gone from there
-    assert train_mnist.main(["--resume", str(run), "--data-dir", str(moved)]) == 0
+    assert capsys.readouterr().err == (
+        f"train_mnist.py: error: {run / 'last.npz'}: the run's data folder {stripes} does not "
+        "exist (any more): name where the data is now with --data-dir\n")
+    monkeypatch.chdir(moved)  # a relative --data-dir is the working folder's
+    assert train_mnist.main(["--resume", str(run), "--data-dir", "."]) == 0
+    assert "test_acc" in (run / "metrics.json").read_text()
 
 
 # ---------------------------------------------------------------- refused before a step

@@ -1,20 +1,34 @@
 """Checks of arguments that name what was expected and what came."""
 
 import dataclasses
+import math
 import numbers
 
 NUMBER_TYPES = {int: numbers.Integral, float: numbers.Real}  # a field's type -> what it takes
 
 
 def check_number_types(config):
-    """A ValueError naming the first int or float field of the dataclass ``config``
-    whose value is not a number of that kind (an int field takes any integer, NumPy's
-    too, a float field any real number; neither takes a bool or a string)."""
+    """Make each int, float and bool field of the dataclass ``config`` a Python value of
+    its type (NumPy's numbers too, which JSON cannot write), or raise a ValueError naming
+    the first that is not one: an int field takes any integer, a float field any finite
+    real number, a bool field True or False; none takes a string, and only a bool field
+    a bool."""
     for field in dataclasses.fields(config):
-        kind, value = NUMBER_TYPES.get(field.type), getattr(config, field.name)
-        if kind is not None and (isinstance(value, bool) or not isinstance(value, kind)):
+        value = getattr(config, field.name)
+        if field.type is bool:
+            if type(value).__name__ not in ("bool", "bool_"):  # NumPy's is bool_
+                raise ValueError(f"{field.name} must be True or False, got {value!r} "
+                                 f"({type_name(value)})")
+            setattr(config, field.name, bool(value))
+        kind = NUMBER_TYPES.get(field.type)
+        if kind is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, kind):
             raise ValueError(f"{field.name} must be {'an int' if field.type is int else 'a number'}"
                              f", got {value!r} ({type_name(value)})")
+        if not math.isfinite(value):
+            raise ValueError(f"{field.name} must be a finite number, got {value}")
+        setattr(config, field.name, field.type(value))
 
 
 def type_name(x):

@@ -148,7 +148,7 @@ def one_hot(y, num_classes, dtype=None):
     return xp.where(valid[:, None], rows, rows.dtype.type(math.nan))
 
 
-def _beta(rng, alpha, tries=64):
+def _beta(rng, alpha, tries=64, rounds=16):
     """One draw of lam ~ Beta(alpha, alpha), as a Python float, from the host
     generator ``rng``.
 
@@ -158,11 +158,12 @@ def _beta(rng, alpha, tries=64):
     underflow to 0) stays exact. A try is accepted with probability
     Gamma(a+1) Gamma(b+1) / Gamma(a+b+1): 1/2 for a = b = 1, more for smaller
     alpha (mixup uses 0.8, cutmix 1.0), so ``tries`` candidates are drawn at
-    once and a second round is rare.
+    once and a second round is rare. For a large alpha almost no try is accepted
+    (about 1 in 10^29 at 50): after ``rounds`` rounds, NumPy's own Beta sampler draws.
     """
     if alpha <= 0:
         raise ValueError(f"mixing needs alpha > 0, got {alpha}")
-    while True:
+    for _ in range(rounds):
         u, v = 1.0 - rng.random((2, tries))  # in (0, 1], so the logs are finite
         log_x = np.log(u) / alpha  # (tries,) log X
         log_y = np.log(v) / alpha  # (tries,) log Y
@@ -171,6 +172,7 @@ def _beta(rng, alpha, tries=64):
         if accepted.any():
             first = int(np.argmax(accepted))
             return float(np.exp(log_x[first] - log_sum[first]))  # X / (X + Y)
+    return float(rng.beta(alpha, alpha))
 
 
 def _partner(a):

@@ -1,6 +1,7 @@
 """What a training run is: ``TrainConfig``, saved in every checkpoint."""
 
 import dataclasses
+import os
 from pathlib import Path
 
 from ..checks import check_fields, check_number_types
@@ -77,6 +78,8 @@ class TrainConfig:
             raise ValueError("reset_head: a zero head for the weights of init, but no init is "
                              "given (--reset-head goes with --init)")
         check_folder(self.out_dir, "out_dir")
+        if self.data_dir:  # kept in the checkpoints: a resumed run may start in another folder
+            self.data_dir = os.path.abspath(os.path.expanduser(self.data_dir))
 
 
     def check_cuda_graph(self):

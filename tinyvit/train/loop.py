@@ -26,6 +26,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from ..backend import get_backend, on_cpu, set_backend
+from ..data import DatasetError
 from ..fast import cpu_numba, mkl
 from ..fast.blocks import available_cores, num_threads
 from ..files import NoSpaceError, atomic_write
@@ -80,8 +81,14 @@ def fit(config, resume=None, stop_after_steps=None, out_dir=None, data_dir=None)
         model_state, optim_state, meta = (checkpoint.model_state, checkpoint.optim_state,
                                           checkpoint.meta)
         _check_run_state(resume, meta)
-        config = dataclasses.replace(checkpoint.config, out_dir=str(out_dir or resume.parent),
-                                     data_dir=data_dir or checkpoint.config.data_dir)
+        try:  # the folders checked as a new run's
+            config = dataclasses.replace(checkpoint.config, out_dir=str(out_dir or resume.parent),
+                                         data_dir=data_dir or checkpoint.config.data_dir)
+        except ValueError as error:
+            raise RunRefused(str(error)) from None
+        if data_dir is None and config.data_dir and not Path(config.data_dir).exists():
+            raise DatasetError(f"{resume}: the run's data folder {config.data_dir} does not "
+                               "exist (any more): name where the data is now with --data-dir")
         if processes > 1:  # mpiexec's processes share each batch, whatever ran it before
             config = dataclasses.replace(config, workers=1)
             check_launch(config, processes, resumed=True)
@@ -90,7 +97,7 @@ def fit(config, resume=None, stop_after_steps=None, out_dir=None, data_dir=None)
     out, stop = Path(config.out_dir), Stop()
     with stop, RunLock(out) if rank == 0 else nullcontext() as lock:
         with stop.interrupting():  # nothing to save yet: a signal stops it at once
-            if resume is None or out.resolve() != resume.parent.resolve():
+            if resume is None or resume.resolve() != (out / "last.npz").resolve():
                 check_new_folder(out)  # (a run alive in it was named by the lock)
             if lock is not None and lock.taken_over:
                 print(lock.taken_over)
@@ -110,12 +117,14 @@ def fit(config, resume=None, stop_after_steps=None, out_dir=None, data_dir=None)
 
 
 def check_new_folder(out):
-    """A new run, or one continued into another folder, does not write over another
-    run's checkpoints: a RunRefused if ``out`` holds a run's last.npz."""
-    if (out / "last.npz").exists():
-        raise RunRefused(f"{out} holds a run already ({out / 'last.npz'}): continue it with "
-                         f"--resume {out}, or give another --out (or delete {out} to start "
-                         f"over)")
+    """A new run, or one continued from a checkpoint other than the folder's own
+    last.npz, does not write over a run's checkpoints: a RunRefused if ``out`` holds a
+    last.npz or a best.npz."""
+    for name in ("last.npz", "best.npz"):
+        if (out / name).exists():
+            raise RunRefused(f"{out} holds a run already ({out / name}): continue it with "
+                             f"--resume {out}, or give another --out (or delete {out} to "
+                             f"start over)")
 
 
 def _prepare(config, resumed, processes):
@@ -224,10 +233,10 @@ def _carry_checkpoints(resume, out):
     its best model (the state's best accuracy is that file's): the folder holds the
     whole run, even one that stops, or ends, before it writes them again."""
     source = resume.parent
-    if source.resolve() == out.resolve():
+    if resume.resolve() == (out / "last.npz").resolve():
         return
     _copy(resume, out / "last.npz")
-    if (source / "best.npz").is_file() and not (out / "best.npz").is_file():
+    if (source / "best.npz").is_file() and source.resolve() != out.resolve():
         _copy(source / "best.npz", out / "best.npz")
 
 
@@ -364,6 +373,9 @@ def _processes(config, comm):
     threads = ""
     if config.tier == "fast" and on_cpu():  # the kernels' blocks (fast/blocks.py)
         threads = f", the kernels on {num_threads()} thread(s)"
+        if num_threads() > available_cores():
+            threads += (f" (more than the {available_cores()} CPU cores here: the threads take "
+                        f"turns, and each kernel is slower than on {available_cores()})")
     if comm is not None:
         return f"{comm.size} processes (MPI){threads and threads + ' each'}"
     if config.workers > 1:  # one thread each (parallel.py)
