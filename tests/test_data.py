@@ -265,6 +265,19 @@ def test_unpacked_files_are_named_beside_the_missing_gz(tmp_path):
         load_dataset("mnist", "train", folder)
 
 
+def test_another_datasets_official_file_is_named(tmp_path, monkeypatch):
+    """MNIST's and Fashion-MNIST's files share their names: the one found is named."""
+    folder = tmp_path / "mnist"
+    write_mnist(folder)
+    path = folder / "train-images-idx3-ubyte.gz"
+    patch_info(monkeypatch, "mnist", sha256={**data.DATASETS["mnist"].sha256,
+                                             path.name: sha256(path)})
+    with pytest.raises(DatasetError) as error:
+        load_dataset("fashion-mnist", "train", folder)
+    assert str(error.value) == (f"{path}: the official mnist file, not fashion-mnist's: point "
+                                "--data-dir at the folder of the fashion-mnist files")
+
+
 def test_sha256_match_passes(tmp_path, monkeypatch):
     folder = tmp_path / "mnist"
     images, _ = write_mnist(folder)

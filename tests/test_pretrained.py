@@ -250,6 +250,24 @@ def test_tinyvit_model_file_and_training_checkpoint(backend, tmp_path):
     assert_same_logits(load_pretrained(tmp_path), trained)
 
 
+def test_convert_does_not_write_over_a_training_checkpoint(tmp_path, capsys):
+    from tinyvit.train import TrainConfig
+
+    train = TrainConfig(model_overrides={"embed_dim": 8, "depth": 1, "num_heads": 2})
+    model = tiny_vit(**dataclasses.asdict(train.model_config()))
+    no_optimizer = types.SimpleNamespace(state_dict=dict)
+    checkpoint = tmp_path / "best.npz"
+    save_checkpoint(checkpoint, model, no_optimizer, {"config": dataclasses.asdict(train)})
+    before = checkpoint.read_bytes()
+    assert convert_main([str(checkpoint), str(checkpoint)]) == 1
+    assert capsys.readouterr().err == (
+        f"error: {checkpoint} is a training checkpoint, which a model file would replace (the "
+        "run could not be resumed or evaluated): write DST elsewhere\n")
+    assert checkpoint.read_bytes() == before
+    assert convert_main([str(checkpoint), str(tmp_path / "model.npz")]) == 0
+    assert convert_main([str(checkpoint), str(tmp_path / "model.npz")]) == 0  # a model file
+
+
 def test_a_folder_of_neither_kind_is_named(tmp_path):
     (tmp_path / "notes.txt").write_text("")
     with pytest.raises(PretrainedError, match=rf"^{tmp_path}: expected a folder with "
@@ -290,14 +308,18 @@ def test_two_models_saved_in_one_folder_each_load_with_their_own_config(backend,
 
 
 @needs_safetensors
-def test_save_pretrained_refuses_to_overwrite_a_config_json_of_another_kind(tmp_path):
-    mine = tmp_path / "config.json"
-    mine.write_text('{"my": "project settings"}')
-    with pytest.raises(ValueError, match=f"^save_pretrained: {mine} exists and is not a model's "
-                                         "config"):
-        save_pretrained(tiny_vit(), tmp_path / "model.safetensors")
-    assert mine.read_text() == '{"my": "project settings"}'
-    assert not (tmp_path / "model.safetensors").exists()
+@pytest.mark.parametrize("theirs", ['{"my": "project settings"}',
+                                    '{"architecture": "vit_tiny_patch16_224", "num_classes": 9}'])
+def test_save_pretrained_leaves_a_config_json_it_did_not_write(backend, tmp_path, theirs):
+    """The user's file, or the config of a hub model downloaded into the folder, stays;
+    the model saved beside it loads with its own config."""
+    (tmp_path / "config.json").write_text(theirs)
+    model = tiny_vit(num_heads=2)
+    path = save_pretrained(model, tmp_path / "finetuned.safetensors")
+    assert (tmp_path / "config.json").read_text() == theirs
+    loaded = load_pretrained(path)
+    assert loaded.config == model.config
+    assert_same_logits(loaded, model)
 
 
 @needs_safetensors

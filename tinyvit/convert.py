@@ -20,8 +20,17 @@ import numpy as np
 
 from .train.predict import check_checkpoint_config
 from .weights import read_pretrained, save_model, save_pretrained
+from .weights.checkpoint import is_training_checkpoint
 
 OUTPUTS = {".npz": "tinyvit model file", ".safetensors": "timm safetensors + config.json"}
+
+
+def check_not_a_run(dst):
+    """A ValueError if ``dst`` is a training checkpoint (a run's last.npz or best.npz, or
+    the source itself): a model file written over it would end the run."""
+    if dst.suffix == ".npz" and dst.is_file() and is_training_checkpoint(dst):
+        raise ValueError(f"{dst} is a training checkpoint, which a model file would replace "
+                         "(the run could not be resumed or evaluated): write DST elsewhere")
 
 
 def convert(src, dst, num_heads=None, num_classes=None, dtype=None, log=print):
@@ -30,6 +39,7 @@ def convert(src, dst, num_heads=None, num_classes=None, dtype=None, log=print):
     dst = Path(dst)
     if dst.suffix not in OUTPUTS:
         raise ValueError(f"DST must end in .npz or .safetensors, got {dst.name}")
+    check_not_a_run(dst)
     check_checkpoint_config(src)
     pretrained = read_pretrained(src)
     given = {"num_heads": num_heads, "num_classes": num_classes}

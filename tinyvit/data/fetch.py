@@ -30,7 +30,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from ..files import atomic_write
-from .datasets import SPLITS, DatasetError, dataset_info
+from .datasets import DATASETS, SPLITS, DatasetError, dataset_info
 from .readers import read_split
 
 CHUNK_BYTES = 1 << 20  # read/hash/download in 1 MiB pieces
@@ -68,7 +68,7 @@ def load_dataset(name, split, data_dir=None, download=True, verify=True):
     if verify:
         for path in paths:
             if path.name in info.sha256:
-                _check_digest(path, "sha256", info.sha256[path.name],
+                _check_digest(path, "sha256", info.sha256[path.name], info.name,
                               downloads=folder.is_relative_to(cache_dir(info)))
     return read_split(info, layout, paths)
 
@@ -82,15 +82,19 @@ def file_digest(path, algorithm="sha256"):
     return digest.hexdigest()
 
 
-def _check_digest(path, algorithm, expected, downloads=True):
+def _check_digest(path, algorithm, expected, dataset, downloads=True):
     """A DatasetError unless the file's digest is ``expected``; it says what to do: in
     the cache (``downloads``), delete the file and a run downloads it again; in a folder
-    of the user's, put the official file there."""
+    of the user's, put the official file there, unless it is another dataset's."""
     got = file_digest(path, algorithm)
     if got != expected:
+        other = [info.name for info in DATASETS.values() if got in info.sha256.values()]
         fix = ("delete it and run again to download the official file" if downloads else
                "put the official file in its place (or delete it and leave out --data-dir "
                "and TINYVIT_DATA: the official file is downloaded into the cache)")
+        if other:  # MNIST's and Fashion-MNIST's files have the same names
+            raise DatasetError(f"{path}: the official {other[0]} file, not {dataset}'s: "
+                               f"point --data-dir at the folder of the {dataset} files")
         raise DatasetError(
             f"{path}: {DIGEST_NAMES[algorithm]} mismatch: expected {expected}, got {got}; "
             f"the file is corrupted or not the official one: {fix} (from Python, "
@@ -193,7 +197,7 @@ def _missing_error(info, split, data_dir):
 def _unpack(info, layout, tarball, split, verify):
     """Unpack an official tarball into the cache; the folder now holding the split."""
     if verify:
-        _check_digest(tarball, "md5", layout.archive.md5)
+        _check_digest(tarball, "md5", layout.archive.md5, info.name)
     destination = cache_dir(info)
     extract_tarball(tarball, destination)
     folder = destination / layout.subfolder

@@ -34,6 +34,7 @@ import math
 
 from ..backend import get_backend, is_array, xp
 from ..backend import rng as device_rng
+from ..checks import check_array
 from .diagnose import Context, diagnose
 from .repair import BUDGET, Probe, search, within_rounding
 from .report import GradCheckReport
@@ -73,6 +74,7 @@ class TensorCheck:
 def check_float64(module, x):
     """A ValueError naming the input, or the first parameter, that is not float64, and how
     to make it so."""
+    check_array(x, "gradient_check", "the input, a float64 array")
     if x.dtype != xp.float64:
         raise ValueError(f"gradient_check: the input must be float64, got {x.dtype} (x.astype("
                          "'float64'))")

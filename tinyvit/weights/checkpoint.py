@@ -218,6 +218,16 @@ def read_training_checkpoint(npz, run_config=None, optimizer=True):
     return Checkpoint(meta, config, model_config, model_state, optim_state)
 
 
+def is_training_checkpoint(path):
+    """Whether the ``.npz`` file at ``path`` is a training checkpoint (it has a meta
+    entry); False for any other file, or one that is not a readable ``.npz``."""
+    try:
+        with open_npz(path) as npz:
+            return "meta" in npz.entries
+    except (CheckpointError, OSError, ValueError):
+        return False
+
+
 def read_checkpoint(path, run_config=None, optimizer=True):
     """The ``Checkpoint`` of a file written by ``save_checkpoint``
     (``read_training_checkpoint``)."""

@@ -348,11 +348,11 @@ def timm_config(config):
 def save_pretrained(model, path, dtype=None):
     """Write ``model`` as timm's layout: ``path`` (a ``.safetensors`` file of its
     ``state_dict``, in its dtype or ``dtype``, its config in the file's metadata) and
-    ``config.json`` beside it, for timm and the hub (one model per folder). PyTorch
-    loads the file with ``safetensors.torch.load_file`` and ``load_state_dict``;
-    ``load_pretrained`` takes the config from the file, so a second model saved in the
-    same folder, which rewrites config.json, does not change the first. A config.json
-    that is not a model's config (no "architecture") is refused, not overwritten.
+    ``config.json`` beside it, for timm and the hub (one model per folder), unless a
+    config.json that tinyvit did not write is there (a hub model's, the user's): that one
+    stays. PyTorch loads the file with ``safetensors.torch.load_file`` and
+    ``load_state_dict``; ``load_pretrained`` takes the config from the file, so a second
+    model saved in the same folder, which rewrites config.json, does not change the first.
     Returns the path."""
     path = Path(path)
     if path.suffix != ".safetensors":
@@ -361,27 +361,24 @@ def save_pretrained(model, path, dtype=None):
         raise ValueError("save_pretrained: timm's layout holds the plain ViT; a hybrid's "
                          "convolutional stem has no counterpart there: save it with save_model")
     config_path = path.parent / "config.json"
-    _check_not_foreign(config_path)
     save = safetensors_package().numpy.save
     state = {k: v.astype(dtype or v.dtype) for k, v in model.state_dict().items()}
     metadata = {"format": "pt",  # "pt": what transformers and timm expect
                 METADATA_KEY: json.dumps(dataclasses.asdict(model.config))}
     with atomic_write(path) as f:
         f.write(save(state, metadata=metadata))
-    with atomic_write(config_path) as f:
-        f.write(json.dumps(timm_config(model.config), indent=2).encode() + b"\n")
+    if _ours(config_path):
+        with atomic_write(config_path) as f:
+            f.write(json.dumps(timm_config(model.config), indent=2).encode() + b"\n")
     return path
 
 
-def _check_not_foreign(config_path):
-    """Refuse to overwrite a config.json that is not a model's (a file of the user's)."""
+def _ours(config_path):
+    """Whether ``save_pretrained`` may write ``config_path``: there is none yet, or the one
+    there is its own (``tinyvit_config``). Another's (a hub model's, the user's) stays."""
     if not config_path.exists():
-        return
+        return True
     try:
-        config = _json(config_path)
+        return "tinyvit_config" in _json(config_path)
     except PretrainedError:
-        config = {}
-    if "architecture" not in config and "tinyvit_config" not in config:
-        raise ValueError(f"save_pretrained: {config_path} exists and is not a model's config "
-                         "(no 'architecture'): it would be overwritten; save into a folder of "
-                         "its own")
+        return False
