@@ -77,10 +77,8 @@ class TrainConfig:
         if self.reset_head and self.init is None:
             raise ValueError("reset_head: a zero head for the weights of init, but no init is "
                              "given (--reset-head goes with --init)")
-        check_folder(self.out_dir, "out_dir")
         if self.data_dir:  # kept in the checkpoints: a resumed run may start in another folder
             self.data_dir = os.path.abspath(os.path.expanduser(self.data_dir))
-
 
     def check_cuda_graph(self):
         """A CUDA graph captures the fast tier's kernels on a GPU, AdamW's included (its
@@ -105,12 +103,13 @@ class TrainConfig:
         return self.model_fields()["image_size"]
 
 
-def check_folder(path, name):
-    """A ValueError unless ``path`` is a folder or can become one: not a file, and no
-    file where a folder above it would be."""
+def check_out_folder(path):
+    """A RunRefused unless the run's folder ``path`` is a folder or can become one: not a
+    file, and no file where a folder above it would be. Checked where a run starts to
+    write, not in the config: a checkpoint's saved out_dir is no destination."""
     for folder in (Path(path), *Path(path).parents):
         if folder.exists():
             if not folder.is_dir():
                 what = "is" if folder == Path(path) else f"has {folder}, which is"
-                raise ValueError(f"{name}: expected a folder, but {path} {what} a file")
+                raise RunRefused(f"out_dir: expected a folder, but {path} {what} a file")
             return

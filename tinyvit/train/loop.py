@@ -36,7 +36,7 @@ from ..weights.checkpoint import read_checkpoint
 from ..weights.fields import check_json_fields
 from .budget import keep_to_budget, plan_epochs
 from .build import build_model, init_path, make_batches
-from .config import RunRefused
+from .config import RunRefused, check_out_folder
 from .distributed import check_launch, communicator, launched
 from .evaluate import evaluate
 from .lock import RunLock
@@ -81,11 +81,8 @@ def fit(config, resume=None, stop_after_steps=None, out_dir=None, data_dir=None)
         model_state, optim_state, meta = (checkpoint.model_state, checkpoint.optim_state,
                                           checkpoint.meta)
         _check_run_state(resume, meta)
-        try:  # the folders checked as a new run's
-            config = dataclasses.replace(checkpoint.config, out_dir=str(out_dir or resume.parent),
-                                         data_dir=data_dir or checkpoint.config.data_dir)
-        except ValueError as error:
-            raise RunRefused(str(error)) from None
+        config = dataclasses.replace(checkpoint.config, out_dir=str(out_dir or resume.parent),
+                                     data_dir=data_dir or checkpoint.config.data_dir)
         if data_dir is None and config.data_dir and not Path(config.data_dir).exists():
             raise DatasetError(f"{resume}: the run's data folder {config.data_dir} does not "
                                "exist (any more): name where the data is now with --data-dir")
@@ -94,6 +91,7 @@ def fit(config, resume=None, stop_after_steps=None, out_dir=None, data_dir=None)
             check_launch(config, processes, resumed=True)
     elif config.init is not None:
         check_checkpoint_config(init_path(config.init))
+    check_out_folder(config.out_dir)
     out, stop = Path(config.out_dir), Stop()
     with stop, RunLock(out) if rank == 0 else nullcontext() as lock:
         with stop.interrupting():  # nothing to save yet: a signal stops it at once
