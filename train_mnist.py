@@ -189,8 +189,10 @@ def make_config(args):
     recipe = dict(RECIPES.get(args.recipe or args.dataset or "mnist", {}))
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     given = {k: v for k, v in vars(args).items() if v is not None}
-    model_overrides = {**recipe.pop("model_overrides", {}),
-                       **{k: given[k] for k in MODEL_FLAGS if k in given}}
+    recipe_model = recipe.pop("model_overrides", {})
+    if "init" in given:  # the file's model: a recipe's is one trained from scratch
+        recipe_model = {}
+    model_overrides = {**recipe_model, **{k: given[k] for k in MODEL_FLAGS if k in given}}
     if "budget" in given and "epochs" in given:
         raise ValueError("--budget plans the epochs after the first: it would ignore --epochs; "
                          "give one")

@@ -267,6 +267,17 @@ def test_an_out_folder_that_cannot_be_one_is_named_in_one_line(tmp_path, capsys,
         f"train_mnist.py: error: {message.format(d=tmp_path)}\n")
 
 
+def test_init_takes_the_files_model_not_the_recipes():
+    """The fashion-mnist recipe's patch 4 and 2 heads describe a model trained from
+    scratch; with --init the file's architecture stands, and flags given still count."""
+    args, _ = train_mnist.parse_args(["--dataset", "fashion-mnist"])
+    assert train_mnist.make_config(args).model_overrides == {"patch_size": 4, "num_heads": 2,
+                                                             "pool": "mean"}
+    args, _ = train_mnist.parse_args(["--dataset", "fashion-mnist", "--init", "runs/mnist",
+                                      "--image-size", "42"])
+    assert train_mnist.make_config(args).model_overrides == {"image_size": 42}
+
+
 def test_epochs_given_beat_a_recipes_budget():
     args, _ = train_mnist.parse_args(["--recipe", "mnist-hybrid", "--epochs", "3"])
     config = train_mnist.make_config(args)
