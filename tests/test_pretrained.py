@@ -323,6 +323,21 @@ def test_save_pretrained_leaves_a_config_json_it_did_not_write(backend, tmp_path
 
 
 @needs_safetensors
+@pytest.mark.parametrize("text, message", [
+    ("[12]", "not a config, expected a JSON object, got list"),
+    ("{", r"not a readable JSON file \(Expecting property name"),
+])
+def test_a_bad_config_in_the_metadata_is_named_as_a_config_json_is(tmp_path, text, message):
+    from safetensors.numpy import load_file, save_file
+
+    path = save_pretrained(tiny_vit(), tmp_path / "model.safetensors")
+    save_file(load_file(path), path, metadata={"format": "pt", "tinyvit_config": text})
+    with pytest.raises(PretrainedError, match=rf"^{path} \(tinyvit_config in its metadata\): "
+                                              f"{message}"):
+        load_pretrained(path)
+
+
+@needs_safetensors
 def test_timm_model_args_alone_rebuild_the_config(backend, tmp_path):
     from safetensors.numpy import load_file, save_file
 

@@ -89,12 +89,12 @@ def _check_digest(path, algorithm, expected, dataset, downloads=True):
     got = file_digest(path, algorithm)
     if got != expected:
         other = [info.name for info in DATASETS.values() if got in info.sha256.values()]
-        fix = ("delete it and run again to download the official file" if downloads else
-               "put the official file in its place (or delete it and leave out --data-dir "
-               "and TINYVIT_DATA: the official file is downloaded into the cache)")
         if other:  # MNIST's and Fashion-MNIST's files have the same names
             raise DatasetError(f"{path}: the official {other[0]} file, not {dataset}'s: "
                                f"point --data-dir at the folder of the {dataset} files")
+        fix = ("delete it and run again to download the official file" if downloads else
+               "put the official file in its place (or delete it and leave out --data-dir "
+               "and TINYVIT_DATA: the official file is downloaded into the cache)")
         raise DatasetError(
             f"{path}: {DIGEST_NAMES[algorithm]} mismatch: expected {expected}, got {got}; "
             f"the file is corrupted or not the official one: {fix} (from Python, "
@@ -172,10 +172,13 @@ def _missing_error(info, split, data_dir):
     if not data_dir.exists():
         return DatasetError(f"{info.name} {split}: the data folder {data_dir} does not exist")
 
+    def unpacked(folder, filename):  # a .gz file's contents lying there in its place
+        return filename.endswith(".gz") and (folder / filename.removesuffix(".gz")).is_file()
+
     def present(candidate):  # the files there, unpacked ones too
         layout, folder = candidate
-        return sum((folder / filename).is_file() or (folder / filename.removesuffix(".gz"))
-                   .is_file() for filename in layout.splits[split])
+        return sum((folder / filename).is_file() or unpacked(folder, filename)
+                   for filename in layout.splits[split])
 
     layout, folder = max(_candidate_folders(info, data_dir), key=present)
     missing = [f for f in layout.splits[split] if not (folder / f).is_file()]
@@ -183,10 +186,9 @@ def _missing_error(info, split, data_dir):
         f"{info.name} {split}: {data_dir} does not hold the files; "
         f"missing in {folder}: {', '.join(missing)}"
     )
-    unpacked = [f.removesuffix(".gz") for f in missing
-                if f.endswith(".gz") and (folder / f.removesuffix(".gz")).is_file()]
-    if unpacked:
-        message += (f" (found {', '.join(unpacked)} unpacked: tinyvit reads the official .gz "
+    found = [f.removesuffix(".gz") for f in missing if unpacked(folder, f)]
+    if found:
+        message += (f" (found {', '.join(found)} unpacked: tinyvit reads the official .gz "
                     "files, whose checksums it knows)")
     archives = [layout.archive.filename for layout in info.layouts if layout.archive]
     if archives:

@@ -368,19 +368,20 @@ def _copy(source, target):
 
 def _processes(config, comm):
     """The processes and threads a step runs on, for the start's second line."""
-    threads = ""
+    threads, cores = "", available_cores()
     if config.tier == "fast" and on_cpu():  # the kernels' blocks (fast/blocks.py)
-        threads = f", the kernels on {num_threads()} thread(s)"
-        if num_threads() > available_cores():
-            threads += (f" (more than the {available_cores()} CPU cores here: the threads take "
-                        f"turns, and each kernel is slower than on {available_cores()})")
+        count = num_threads()
+        threads = f", the kernels on {count} thread(s)"
+        if count > cores:
+            threads += (f" (more than the {cores} CPU cores here: the threads take turns, and "
+                        f"each kernel is slower than on {cores})")
     if comm is not None:
         return f"{comm.size} processes (MPI){threads and threads + ' each'}"
     if config.workers > 1:  # one thread each (parallel.py)
         text = f"{config.workers} worker processes of one thread each"
-        if config.workers > available_cores():
-            text += (f", more than the {available_cores()} CPU cores here: they take turns, and "
-                     f"each step is slower than with --workers {available_cores()}")
+        if config.workers > cores:
+            text += (f", more than the {cores} CPU cores here: they take turns, and each step "
+                     f"is slower than with --workers {cores}")
         return text
     return f"1 process{threads}"
 

@@ -109,16 +109,21 @@ class Pretrained:
 
 def _json(path):
     """The JSON object of a config.json of at most MAX_CONFIG_BYTES."""
-    size = Path(path).stat().st_size
+    return _json_object(path, Path(path).stat().st_size, Path(path).read_text)
+
+
+def _json_object(where, size, text):
+    """The JSON object of the config ``text()`` of ``size`` bytes (read only when at most
+    MAX_CONFIG_BYTES), or a PretrainedError naming ``where``."""
     if size > MAX_CONFIG_BYTES:
-        raise PretrainedError(f"{path}: too large for a config, expected at most "
+        raise PretrainedError(f"{where}: too large for a config, expected at most "
                               f"{MAX_CONFIG_BYTES:,} bytes, got {size:,}")
     try:
-        config = json.loads(Path(path).read_text())
+        config = json.loads(text())
     except (OSError, ValueError, RecursionError) as e:
-        raise PretrainedError(f"{path}: not a readable JSON file ({one_line(e)})") from e
+        raise PretrainedError(f"{where}: not a readable JSON file ({one_line(e)})") from e
     if not isinstance(config, dict):
-        raise PretrainedError(f"{path}: not a config, expected a JSON object, got "
+        raise PretrainedError(f"{where}: not a config, expected a JSON object, got "
                               f"{type(config).__name__}")
     return config
 
@@ -190,20 +195,9 @@ def _read_timm(path, tensors, metadata, config_path):
 
 def _metadata_config(path, text):
     """``{"tinyvit_config": fields}`` from the JSON text ``save_pretrained`` wrote in the
-    file's metadata."""
-    if len(text) > MAX_CONFIG_BYTES:
-        raise PretrainedError(f"{path}: {METADATA_KEY} in the metadata is too large for a "
-                              f"config, expected at most {MAX_CONFIG_BYTES:,} bytes, got "
-                              f"{len(text):,}")
-    try:
-        fields = json.loads(text)
-    except (ValueError, RecursionError) as e:
-        raise PretrainedError(f"{path}: {METADATA_KEY} in the metadata is not JSON "
-                              f"({one_line(e)})") from e
-    if not isinstance(fields, dict):
-        raise PretrainedError(f"{path}: {METADATA_KEY} in the metadata is not a config, "
-                              f"expected a JSON object, got {type(fields).__name__}")
-    return {"tinyvit_config": fields}
+    file's metadata, checked as a config.json is."""
+    where = f"{path} ({METADATA_KEY} in its metadata)"
+    return {"tinyvit_config": _json_object(where, len(text.encode()), lambda: text)}
 
 
 def _read_safetensors_file(path):
