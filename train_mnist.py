@@ -192,6 +192,8 @@ def make_config(args):
     recipe_model = recipe.pop("model_overrides", {})
     if "init" in given:  # the file's model: a recipe's is one trained from scratch
         recipe_model = {}
+        if "model" in given:
+            raise ValueError("--init takes the model of its weights: it would ignore --model")
     model_overrides = {**recipe_model, **{k: given[k] for k in MODEL_FLAGS if k in given}}
     if "budget" in given and "epochs" in given:
         raise ValueError("--budget plans the epochs after the first: it would ignore --epochs; "

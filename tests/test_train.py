@@ -223,6 +223,8 @@ def test_cli_trains_evaluates_and_predicts(stripes, tmp_path, capsys):
                        "(--reset-head goes with --init)"),
     (["--budget", "5", "--epochs", "2"],
      "--budget plans the epochs after the first: it would ignore --epochs; give one"),
+    (["--init", "runs/x", "--model", "cifar10"],
+     "--init takes the model of its weights: it would ignore --model"),
 ])
 def test_cli_rejects_a_flag_out_of_range_in_one_line(tmp_path, capsys, flags, message):
     out = tmp_path / "cli"
@@ -258,6 +260,8 @@ def test_cli_rejects_flags_its_mode_would_ignore(tmp_path, capsys, monkeypatch, 
      "out_dir: expected a folder, but {d}/afile is a file"),
     (lambda d: (d / "afile").write_text("x"), "afile/run",
      "out_dir: expected a folder, but {d}/afile/run has {d}/afile, which is a file"),
+    (lambda d: (d / "link").symlink_to(d / "nowhere"), "link",
+     "out_dir: expected a folder, but {d}/link is a link to {d}/nowhere, which does not exist"),
 ])
 def test_an_out_folder_that_cannot_be_one_is_named_in_one_line(tmp_path, capsys, make, out,
                                                                message):
@@ -276,6 +280,11 @@ def test_init_takes_the_files_model_not_the_recipes():
     args, _ = train_mnist.parse_args(["--dataset", "fashion-mnist", "--init", "runs/mnist",
                                       "--image-size", "42"])
     assert train_mnist.make_config(args).model_overrides == {"image_size": 42}
+
+
+def test_a_home_folder_in_the_out_folder_is_expanded_as_a_shell_would(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert TrainConfig(out_dir="~/runs/a").out_dir == f"{tmp_path}/runs/a"
 
 
 def test_epochs_given_beat_a_recipes_budget():

@@ -79,6 +79,7 @@ class TrainConfig:
                              "given (--reset-head goes with --init)")
         if self.data_dir:  # kept in the checkpoints: a resumed run may start in another folder
             self.data_dir = os.path.abspath(os.path.expanduser(self.data_dir))
+        self.out_dir = os.path.expanduser(self.out_dir)  # "~/runs" quoted, as a shell would
 
     def check_cuda_graph(self):
         """A CUDA graph captures the fast tier's kernels on a GPU, AdamW's included (its
@@ -108,6 +109,9 @@ def check_out_folder(path):
     file, and no file where a folder above it would be. Checked where a run starts to
     write, not in the config: a checkpoint's saved out_dir is no destination."""
     for folder in (Path(path), *Path(path).parents):
+        if folder.is_symlink() and not folder.exists():
+            raise RunRefused(f"out_dir: expected a folder, but {folder} is a link to "
+                             f"{os.readlink(folder)}, which does not exist")
         if folder.exists():
             if not folder.is_dir():
                 what = "is" if folder == Path(path) else f"has {folder}, which is"
