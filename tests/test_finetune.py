@@ -4,6 +4,7 @@ resized to it, a frozen backbone for a linear probe), and runs that plan their
 epochs to end within a budget. On the synthetic stripes of ``conftest``.
 """
 
+import dataclasses
 import json
 import time
 
@@ -14,10 +15,11 @@ from PIL import Image
 import train_mnist
 from conftest import stripe_images, tiny_config
 from tinyvit import backend as B
+from tinyvit.models import ViT
 from tinyvit.nn.functional import softmax
 from tinyvit.nn.resample import interpolation_matrix, resize_images
 from tinyvit.train import TrainConfig, build_model, fit, load_trained, predict
-from tinyvit.weights import save_model
+from tinyvit.weights import PretrainedError, save_model
 from tinyvit.weights.checkpoint import load_checkpoint
 
 # --------------------------------------------------------------------------- resizing images
@@ -121,6 +123,16 @@ def test_freeze_backbone_trains_the_head_alone(stripes, pretrained_run, tmp_path
     after, _, _ = load_checkpoint(out / "last.npz")
     changed = sorted(k for k in before if not np.array_equal(before[k], after[k]))
     assert changed == ["head.bias", "head.weight"]
+
+
+def test_init_of_weights_for_other_channels_names_the_dataset(stripes, tmp_path):
+    small = build_model(tiny_config(stripes, tmp_path / "a"))[0]
+    save_model(ViT(dataclasses.replace(small.config, in_channels=3)), tmp_path / "rgb.npz")
+    with pytest.raises(PretrainedError) as raised:
+        build_model(tiny_config(stripes, tmp_path / "b", init=str(tmp_path / "rgb.npz")))
+    assert str(raised.value) == (f"{tmp_path / 'rgb.npz'}: the weights take images of 3 "
+                                 "channel(s), but mnist's have 1: fine-tune them on a dataset "
+                                 "of 3-channel images")
 
 
 def test_init_that_does_not_exist_is_a_clear_error(stripes, tmp_path, capsys):

@@ -294,6 +294,25 @@ def test_save_pretrained_round_trip(backend, tmp_path, fields):
 
 
 @needs_safetensors
+@pytest.mark.parametrize("dtype", ["float16", "float32", None])
+def test_save_pretrained_writes_a_dtype_that_loads_back(backend, tmp_path, dtype):
+    model = tiny_vit()
+    path = save_pretrained(model, tmp_path / "model.safetensors", dtype=dtype)
+    saved = B.to_host(model.pos_embed.data).astype(dtype or "float64")
+    assert np.array_equal(B.to_host(load_pretrained(path).pos_embed.data), saved)
+
+
+@needs_safetensors
+@pytest.mark.parametrize("dtype", ["int8", "bogus", "complex64", 3])
+def test_save_pretrained_refuses_a_dtype_it_could_not_load_back(backend, tmp_path, dtype):
+    with pytest.raises(ValueError) as raised:
+        save_pretrained(tiny_vit(), tmp_path / "model.safetensors", dtype=dtype)
+    assert str(raised.value) == ("save_pretrained: expected dtype float16, float32 or float64 "
+                                 f"(the floats load_pretrained reads), got {dtype!r}")
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+@needs_safetensors
 def test_two_models_saved_in_one_folder_each_load_with_their_own_config(backend, tmp_path):
     """config.json is the last one's (for timm); each file holds its own config."""
     first, second = tiny_vit(), tiny_vit(num_heads=2, pool="mean")

@@ -530,6 +530,30 @@ def test_bad_config_values_are_named():
         TrainConfig(erasing=2)
 
 
+@pytest.mark.parametrize("fields, message", [
+    ({"data_dir": 3}, "data_dir must be a path (a str), got 3 (int)"),
+    ({"out_dir": None}, "out_dir must be a path (a str), got None (NoneType)"),
+    ({"model_overrides": None},
+     "model_overrides must be a dict of ViTConfig fields, got None (NoneType)"),
+    ({"model_overrides": {"stem": [16, 32]}},
+     "stem must hold (channels, kernel, stride) triples of positive ints, got [16, 32]"),
+    ({"model_overrides": {"stem": [[16, 3.5, 2]]}},
+     "stem must hold (channels, kernel, stride) triples of positive ints, got [[16, 3.5, 2]]"),
+    ({"backend": "torch"}, "backend must be one of ('numpy', 'cupy'), got 'torch'"),
+    ({"lr": 1e-3, "min_lr": 1e-2}, "min_lr must be at most lr (the schedule decays from lr to "
+                                   "min_lr), got min_lr 0.01 and lr 0.001"),
+])
+def test_config_values_of_the_wrong_kind_are_named(fields, message):
+    with pytest.raises(ValueError) as raised:
+        TrainConfig(**fields)
+    assert str(raised.value) == message
+
+
+def test_a_path_object_is_kept_as_text_for_the_checkpoint(tmp_path):
+    config = TrainConfig(data_dir=tmp_path, out_dir=tmp_path / "run")
+    assert (config.data_dir, config.out_dir) == (str(tmp_path), str(tmp_path / "run"))
+
+
 @pytest.mark.skipif(not (SHARED_DATA / "mnist").is_dir(), reason="real MNIST files not present")
 def test_smoke_on_real_mnist(tmp_path):
     """A few hundred real images: the loss falls and accuracy ends well above chance."""

@@ -6,11 +6,26 @@ patch_size, C in_channels, K num_classes.
 """
 
 import dataclasses
+import numbers
 
 from ..checks import check_fields, check_number_types
 
 STEM_NORMS = ("batch", "group")
 STEM_POOL = (3, 2, 1)  # the stem's max pool: kernel 3, stride 2, padding 1, as ResNet's
+
+
+def stem_stages(stem):
+    """``stem`` as a tuple of (channels, kernel, stride) triples of ints (JSON gives lists),
+    or a ValueError naming it."""
+    expected = "stem must hold (channels, kernel, stride) triples of positive ints"
+    try:
+        stages = tuple(tuple(stage) for stage in stem)
+    except TypeError:
+        raise ValueError(f"{expected}, got {stem!r}") from None
+    if any(len(stage) != 3 or any(isinstance(v, bool) or not isinstance(v, numbers.Integral)
+                                  or v < 1 for v in stage) for stage in stages):
+        raise ValueError(f"{expected}, got {stem!r}")
+    return tuple(tuple(int(v) for v in stage) for stage in stages)
 
 
 def stem_output_size(size, stages, pool):
@@ -51,7 +66,7 @@ class ViTConfig:
     stem_pool: bool = False  # a 3x3 max pool of stride 2 after the convs
 
     def __post_init__(self):
-        self.stem = tuple(tuple(int(v) for v in stage) for stage in self.stem)  # JSON gives lists
+        self.stem = stem_stages(self.stem)
         check_number_types(self)
         check_fields(self, ("image_size", "patch_size", "in_channels", "num_classes", "embed_dim",
                             "depth", "num_heads"), lambda n: n >= 1, "at least 1")
@@ -63,9 +78,6 @@ class ViTConfig:
                 f"mlp_ratio {self.mlp_ratio} leaves the MLP no hidden unit "
                 f"at embed_dim {self.embed_dim}"
             )
-        if any(len(stage) != 3 or min(stage) < 1 for stage in self.stem):
-            raise ValueError(f"stem must hold (channels, kernel, stride) triples of positive "
-                             f"ints, got {self.stem}")
         if self.stem_norm not in STEM_NORMS:
             raise ValueError(f"stem_norm must be one of {STEM_NORMS}, got {self.stem_norm!r}")
         if self.feature_size % self.patch_size:

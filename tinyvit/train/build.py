@@ -5,7 +5,7 @@ from pathlib import Path
 
 from ..data import Batches, augment, dataset_info, load_dataset
 from ..models import ViT
-from ..weights import read_pretrained
+from ..weights import PretrainedError, read_pretrained
 
 
 def build_model(config):
@@ -19,6 +19,12 @@ def build_model(config):
         return ViT(config.model_config(), seed=config.seed), []
     pretrained = read_pretrained(init_path(config.init))
     fields = config.model_fields()
+    channels = pretrained.fields.get("in_channels")
+    given = "in_channels" in config.model_overrides  # else the dataset's
+    if channels not in (None, fields["in_channels"]) and not given:
+        raise PretrainedError(f"{pretrained.path}: the weights take images of {channels} "
+                              f"channel(s), but {config.dataset}'s have {fields['in_channels']}: "
+                              f"fine-tune them on a dataset of {channels}-channel images")
     head = pretrained.state.get("head.weight")
     keep_head = head is not None and head.shape[0] == fields["num_classes"]
     notes = []

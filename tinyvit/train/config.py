@@ -4,7 +4,8 @@ import dataclasses
 import os
 from pathlib import Path
 
-from ..checks import check_fields, check_number_types
+from ..backend import BACKENDS
+from ..checks import check_fields, check_number_types, type_name
 from ..data import dataset_info
 from ..models import preset_config
 
@@ -56,10 +57,16 @@ class TrainConfig:
     def __post_init__(self):
         """Every value is checked here, so that a bad one is named before a run starts."""
         check_number_types(self)
+        check_paths(self, ("data_dir", "out_dir", "init"))
+        if not isinstance(self.model_overrides, dict):
+            raise ValueError(f"model_overrides must be a dict of ViTConfig fields, got "
+                             f"{self.model_overrides!r} ({type_name(self.model_overrides)})")
         if self.init is None:  # with init, the weights' file is read when the run starts
             self.model_config()  # the dataset, the preset and its overrides
         if self.optimizer not in ("adamw", "sgd"):
             raise ValueError(f"optimizer must be 'adamw' or 'sgd', got {self.optimizer!r}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.tier not in ("fast", "reference"):
             raise ValueError(f"tier must be 'fast' or 'reference', got {self.tier!r}")
         if self.cuda_graph:
@@ -71,6 +78,9 @@ class TrainConfig:
         check_fields(self, ("min_lr", "warmup_epochs", "weight_decay", "clip_grad", "max_shift",
                             "mixup", "cutmix", "train_subset", "test_subset", "budget"),
                      lambda x: x >= 0, "at least 0")
+        if self.min_lr > self.lr:
+            raise ValueError(f"min_lr must be at most lr (the schedule decays from lr to "
+                             f"min_lr), got min_lr {self.min_lr:g} and lr {self.lr:g}")
         check_fields(self, ("label_smoothing",), lambda p: 0.0 <= p < 1.0, "in [0, 1)")
         check_fields(self, ("erasing",), lambda p: 0.0 <= p <= 1.0, "in [0, 1]")
         check_fields(self, ("seed",), lambda n: n >= 0, "at least 0")  # as NumPy's seeds
@@ -102,6 +112,19 @@ class TrainConfig:
     def image_size(self):
         """The side of the images the model sees (batches are resized to it)."""
         return self.model_fields()["image_size"]
+
+
+def check_paths(config, names):
+    """Each of the fields ``names`` a path (a str or an os.PathLike, kept as str), or None
+    where None is its default."""
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        if field.name not in names or (value is None and field.default is None):
+            continue
+        if not isinstance(value, (str, os.PathLike)):
+            raise ValueError(f"{field.name} must be a path (a str), got {value!r} "
+                             f"({type_name(value)})")
+        setattr(config, field.name, os.fspath(value))
 
 
 def check_out_folder(path):

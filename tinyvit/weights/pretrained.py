@@ -354,6 +354,7 @@ def save_pretrained(model, path, dtype=None):
     if model.config.stem:
         raise ValueError("save_pretrained: timm's layout holds the plain ViT; a hybrid's "
                          "convolutional stem has no counterpart there: save it with save_model")
+    dtype = _saved_dtype(dtype)
     config_path = path.parent / "config.json"
     save = safetensors_package().numpy.save
     state = {k: v.astype(dtype or v.dtype) for k, v in model.state_dict().items()}
@@ -365,6 +366,24 @@ def save_pretrained(model, path, dtype=None):
         with atomic_write(config_path) as f:
             f.write(json.dumps(timm_config(model.config), indent=2).encode() + b"\n")
     return path
+
+
+SAVED_DTYPES = ("float16", "float32", "float64")  # what load_pretrained reads back
+
+
+def _saved_dtype(dtype):
+    """``save_pretrained``'s dtype as NumPy's, or None (each tensor's own); one that
+    ``load_pretrained`` could not read back is refused before anything is written."""
+    if dtype is None:
+        return None
+    try:
+        chosen = np.dtype(dtype)
+    except TypeError:
+        chosen = None
+    if chosen is None or chosen.name not in SAVED_DTYPES:
+        raise ValueError(f"save_pretrained: expected dtype {', '.join(SAVED_DTYPES[:-1])} or "
+                         f"{SAVED_DTYPES[-1]} (the floats load_pretrained reads), got {dtype!r}")
+    return chosen
 
 
 def _ours(config_path):
