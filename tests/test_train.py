@@ -315,8 +315,8 @@ def test_a_folder_this_user_may_not_write_is_one_line(stripes, tmp_path, capsys)
      "not a tinyvit training checkpoint, expected a meta entry (the run: its dataset and where "
      "it stands), got a tinyvit model file (weights and the model's config, no run)"),
     ("save_pretrained", "model.safetensors",
-     "weights alone, not a training checkpoint: evaluating and predicting read a run's best.npz "
-     "or last.npz, which names its dataset (train from these weights with --init)"),
+     "weights alone, not a training checkpoint: expected a run's best.npz or last.npz, which "
+     "names its dataset (train from these weights with --init)"),
 ])
 def test_eval_of_weights_alone_says_it_needs_a_run(tmp_path, capsys, save, name, message):
     from tinyvit import weights

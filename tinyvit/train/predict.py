@@ -52,9 +52,9 @@ def load_trained(path):
     reference layers, in eval mode."""
     path = trained_path(path)
     if path.suffix.lower() == ".safetensors":
-        raise CheckpointError(f"{path}: weights alone, not a training checkpoint: evaluating "
-                              "and predicting read a run's best.npz or last.npz, which names "
-                              "its dataset (train from these weights with --init)")
+        raise CheckpointError(f"{path}: weights alone, not a training checkpoint: expected a "
+                              "run's best.npz or last.npz, which names its dataset (train from "
+                              "these weights with --init)")
     checkpoint = read_checkpoint(path, run_config, optimizer=False)
     model = ViT(checkpoint.model_config)
     model.load_state_dict(checkpoint.model_state)
