@@ -67,6 +67,26 @@ def test_layernorm_normalizes_rows(backend):
     np.testing.assert_allclose(y.var(axis=-1), 1 / (1 + 1e-6 / y.var(axis=-1)), rtol=1e-5)
 
 
+@pytest.mark.parametrize("make, dout, message", [
+    (lambda: Linear(4, 3, rng=B.host_rng(0)), (5, 3), "Linear.backward: expected dout of the "
+     "output's shape, (..., 3) over the input's 10 rows, got (5, 3)"),
+    (lambda: Linear(4, 3, rng=B.host_rng(0)), (2, 5, 4), "Linear.backward: expected dout of "
+     "the output's shape, (..., 3) over the input's 10 rows, got (2, 5, 4)"),
+    # (5, 4) broadcasts against (2, 5, 4): the gradient came out of the shape, but wrong
+    (lambda: LayerNorm(4), (5, 4), "LayerNorm.backward: expected dout of the output's shape "
+     "(2, 5, 4), got (5, 4)"),
+])
+def test_a_gradient_of_another_shape_is_refused_and_the_cache_kept(backend, make, dout,
+                                                                    message):
+    layer = make()
+    x = randn(2, 5, 4)
+    y = layer.forward(x)
+    with pytest.raises(ValueError) as raised:
+        layer.backward(randn(*dout))
+    assert str(raised.value) == message
+    assert layer.backward(B.xp.ones_like(y)).shape == x.shape  # the forward's cache is still there
+
+
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
 @pytest.mark.parametrize("shape", SHAPES)
 def test_gelu_gradients(backend, tier, shape, approximate):

@@ -503,12 +503,13 @@ def test_a_backward_that_raises_is_searched_at_the_line_that_raised_and_its_call
                             or edits(source, *rest))
         with mutants.planted(ViT.backward, [(line, [before], [after])]):
             vit.forward(x)
-            with pytest.raises(ValueError, match="matmul"):
+            with pytest.raises(ValueError, match="Linear.backward: expected dout of the output"):
                 vit.backward(dout)
             found = search(Probe(vit, lambda: vit.forward(x), dout), expected, 1e-8)
     change, = changes(found.fix)
     assert (change.function, change.line) == ("ViT.backward", line)
-    # the functions on the stack when it raised, from the ViT down to the matmul
+    # the functions on the stack when it raised, from the ViT down to the Linear that refused
+    # the gradient's shape
     assert proposed == {"ViT.backward", "ClassAttentionBlock.backward", "Residual.backward",
                         "Sequential.backward", "Linear.backward"}
 

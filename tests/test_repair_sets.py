@@ -45,6 +45,29 @@ def test_every_learner_mistake_is_caught_and_nine_in_ten_are_fixed(repair, workb
     assert fixed >= 0.9 * len(verdicts), {w: v for w, v in verdicts.items() if v == "named"}
 
 
+@pytest.mark.parametrize("what, fixed", [
+    # one edit of the dAd line, "/ self.head_dim", would make up for both mistakes at once
+    ("divided by the scale, taken for sqrt(Dh)", [
+        "dq = dS @ k * self.scale", "dk = dS.swapaxes(-1, -2) @ q * self.scale"]),
+    # and one of the dx line, "dout" for "d", for the missing reshape of the line after it
+    ("dx left as rows (M, in), not reshaped back", [
+        "return dx.reshape(*dout.shape[:-1], self.in_features)"]),
+])
+def test_a_fix_that_makes_up_elsewhere_for_a_mistake_gives_way_to_the_mistakes_lines(
+        repair, workbook, monkeypatch, what, fixed):
+    """A statement that computes what the library's statement of that name computes is
+    right, whatever its text: a fix there makes up for a mistake made elsewhere, and the
+    search looks on for one at the mistake's lines."""
+    mistakes = load_script(BENCHMARKS / "mistakes.py")
+    mistake, = (m for m in mistakes.MISTAKES if m.what == what)
+    monkeypatch.setattr("tinyvit.gradcheck.repair.BUDGET", BUDGET)
+    monkeypatch.chdir(workbook)
+    row = repair.run_mistake(workbook, mistake, "made_up")
+    assert row["verdict"] == "fixed at the right line", row["paragraph"]
+    printed = repair._printed_fixes(row["paragraph"])
+    assert [after for _, _, (after,) in printed] == fixed
+
+
 def test_a_sample_of_the_mutants_fails_and_is_repaired_at_its_line(repair):
     """Each mutant of the sample fails the check, and any fix printed for it gives the
     reference's gradients; nine in ten are repaired at the mutated line."""

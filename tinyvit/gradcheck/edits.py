@@ -32,6 +32,7 @@ class Edit:
     statement: object = None  # that statement
     scope: object = None  # the Scope it was proposed in
     owners: list = None  # the statement each slot is in (``statement`` for all by default)
+    rewrites_right: bool = False  # it rewrites a statement the reference writes the same way
     old: list = dataclasses.field(default_factory=list)
 
     def __post_init__(self):

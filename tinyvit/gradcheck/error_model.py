@@ -103,6 +103,7 @@ def edits(source, scope, lines=None, holders=None):
         statement = edit.statement
         if ast.unparse(statement) in scope.right or _value_text(statement) in scope.right:
             edit.cost += RIGHT
+            edit.rewrites_right = True
         if isinstance(statement, ast.Assign) and isinstance(statement.value, ast.Name):
             edit.cost -= ALIAS  # "dA = dAd": where a step is often missing
     return _once(found)
@@ -364,7 +365,8 @@ class _Proposer:
                          else 0.5, what="removed", factor=getattr(node, field))
             other_op = ast.Div() if isinstance(op, ast.Mult) else ast.Mult()
             self.add("factor", slot, located(ast.BinOp(left=node.left, op=other_op,
-                                                        right=node.right), node), what="op")
+                                                        right=node.right), node), what="op",
+                     extra=-0.25)  # before a factor put beside it: a / s -> a * s
         elif isinstance(op, ast.Pow):
             pass  # its exponent is a constant, edited as one
 

@@ -15,12 +15,17 @@ smallest correction that passes).
    the upstream gradient and the forward's output come out as they went in.
 4. No single edit: pairs (``_pairs``), the same mistake made twice first, then two edits
    that each brought the gradients closer, two cheap edits of one line, and a promising
-   edit with any other, until the time is up.
+   edit with any other, until the time is up. A single edit of a statement that the
+   reference (the workbook's: the library's) writes the same way is kept aside where it
+   passes, and the search goes on: it makes up there for a mistake made elsewhere (dS
+   divided by Dh where dq and dk were each divided by the scale, not multiplied). A pair
+   that leaves such statements alone comes first; else the edit kept is the answer.
 
 A fix is only returned once it passed; nothing is guessed.
 """
 
 import ast
+import collections
 import contextlib
 import copy
 import dataclasses
@@ -49,6 +54,9 @@ def within_rounding(diff, error, noise):
     """Whether a worst difference ``diff`` (``error`` relative) is one the expected
     gradient's rounding, ``noise``, can make, the two agreeing to ``ROUNDED_AGREEMENT``."""
     return diff <= noise and error <= ROUNDED_AGREEMENT
+# two ways of writing one value agree to this (relative to its largest element): float64's
+# rounding after a few operations in another order
+SAME_VALUE = 1e-9
 UPSTREAM = "the upstream gradient"  # what a backward must leave as it came
 OUTPUT = "the forward's output"  # and this too
 CLOSER = math.log(1.5)  # an edit that shrinks the error this much (in log) is promising
@@ -198,7 +206,7 @@ class Search:
 
 
 def search(probe, expected, tol, budget=None, own_only=False, reference=None, verify=None,
-           noise=None):
+           noise=None, right_values=None):
     """Search edits of the code ``probe``'s backward runs for one that makes its gradients
     match ``expected`` (each within ``tol``) and accumulate. ``own_only``: edit the code
     outside tinyvit alone (the workbook's: the library's is right). ``reference``: the tree
@@ -206,6 +214,9 @@ def search(probe, expected, tol, budget=None, own_only=False, reference=None, ve
     error model may put in, and whose statements are likely right where the code writes
     them the same way. ``verify()``: a further check a fix must pass (the workbook's other
     cases). ``noise``: what each expected gradient may be off by (``measure``).
+    ``right_values``: {name: [arrays]} that a right version of the code held at its end on
+    the same input (the workbook's: the library's); a statement that gives a name the value
+    the right code's name of the same spelling has is right, whatever its text.
     ``budget``: seconds, ``BUDGET`` by default. Returns a ``Search``."""
     started = time.perf_counter()
     deadline = started + (BUDGET if budget is None else budget)
@@ -230,6 +241,17 @@ def search(probe, expected, tol, budget=None, own_only=False, reference=None, ve
     tried = 0
     promising = []
     runner = _Runner(probe, expected, tol, verify, noise)
+    right = _right_statements(recorded, sources, right_values or {})
+
+    def rewrites_right(edit):  # a statement written as the reference writes it, or its value
+        return edit.rewrites_right or id(edit.statement) in right
+
+    kept = None  # a fix that rewrites a right statement
+
+    def found(candidate):
+        return Search(Fix(candidate, tried, time.perf_counter() - started), tried,
+                      time.perf_counter() - started, recorded, sources)
+
     for edit in proposed:
         if time.perf_counter() > deadline:
             break
@@ -238,8 +260,10 @@ def search(probe, expected, tol, budget=None, own_only=False, reference=None, ve
         if outcome is None:
             continue
         if runner.fixes([edit], outcome):
-            return Search(Fix([edit], tried, time.perf_counter() - started), tried,
-                          time.perf_counter() - started, recorded, sources)
+            if not rewrites_right(edit):
+                return found([edit])
+            kept = kept or [edit]  # it makes up here for a mistake made elsewhere: look on
+            continue
         if baseline is None or outcome.distance < baseline.distance - CLOSER:
             promising.append((outcome.distance, edit))  # closer, or runs where it raised
     promising = [e for _, e in sorted(promising, key=lambda item: (item[0], item[1].cost))]
@@ -248,12 +272,49 @@ def search(probe, expected, tol, budget=None, own_only=False, reference=None, ve
     for first, second in pairs:
         if time.perf_counter() > deadline:
             break
+        if kept and (rewrites_right(first) or rewrites_right(second)):
+            continue  # no better than the one edit kept
         tried += 1
         outcome = runner.outcome([first, second])
         if outcome is not None and runner.fixes([first, second], outcome):
-            return Search(Fix([first, second], tried, time.perf_counter() - started), tried,
-                          time.perf_counter() - started, recorded, sources)
+            return found([first, second])
+    if kept:
+        return found(kept)
     return Search(None, tried, time.perf_counter() - started, recorded, sources)
+
+
+def _right_statements(recorded, sources, values):
+    """{id(statement)}: the statements of ``sources`` that give a name the value that the
+    right code's name of that spelling held (``values``, {name: [arrays]}), the name
+    assigned nowhere else in its function and never written into, so that its value at the
+    function's end is the statement's."""
+    found = set()
+    for source in sources:
+        at_end = next((call.scopes.get("return", {}) for call in recorded.calls
+                       if call.code is source.code), {})
+        stores = collections.Counter(n.id for n in ast.walk(source.tree)
+                                     if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store))
+        written = {n.value.id for n in ast.walk(source.tree) if isinstance(n, ast.Subscript)
+                   and isinstance(n.ctx, ast.Store) and isinstance(n.value, ast.Name)}
+        for statement, _, _ in statements(source.tree.body):
+            if not (isinstance(statement, ast.Assign) and len(statement.targets) == 1
+                    and isinstance(statement.targets[0], ast.Name)):
+                continue
+            name = statement.targets[0].id
+            value = at_end.get(name)
+            if (stores[name] == 1 and name not in written and is_array(value)
+                    and any(_same_values(value, right) for right in values.get(name, ()))):
+                found.add(id(statement))
+    return found
+
+
+def _same_values(a, b):
+    """Whether two arrays hold the same values but for rounding (not all zero: a zero array
+    says little of the formula that made it)."""
+    if not (is_array(b) and a.shape == b.shape and a.dtype.kind == b.dtype.kind == "f"):
+        return False
+    scale = float(xp.abs(b).max()) if b.size else 0.0
+    return scale > 0 and float(xp.abs(a - b).max()) <= SAME_VALUE * scale
 
 
 def _in_order(sources, scope, ranking, ran, given):

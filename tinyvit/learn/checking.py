@@ -182,7 +182,7 @@ def _check_case(ex, yours, case, where):
     dout = _upstream(mine, inputs, before_forward)
     expected = _backward(ex, theirs, inputs, their_before, dout, where, learner=False)
     repair = _Repair(ex, yours, mine, inputs, before_forward, dout.copy() if is_array(
-        dout) else dout, {**expected, **_intermediate_grads(theirs)})
+        dout) else dout, {**expected, **_intermediate_grads(theirs)}, (theirs, their_before))
     computed = _backward(ex, mine, inputs, before_forward, dout, where, repair=repair)  # 1, 2
     try:
         _accumulates(ex, mine, inputs, before_forward, dout, computed, where, repair)  # 3
@@ -212,8 +212,8 @@ class _Repair:
     cached forward and upstream gradient against the library's gradients, a fix checked
     on every case of the exercise before it is said."""
 
-    def __init__(self, ex, yours, module, inputs, before_forward, dout, expected):
-        self.ex, self.yours, self.expected = ex, yours, expected
+    def __init__(self, ex, yours, module, inputs, before_forward, dout, expected, library):
+        self.ex, self.yours, self.expected, self.library = ex, yours, expected, library
         self.module, self.inputs, self.before_forward, self.dout = (module, inputs,
                                                                     before_forward, dout)
         self._search = False  # not run yet
@@ -233,13 +233,29 @@ class _Repair:
 
         self.wanted = [_gradients(case, self.ex.reference) for case in self.ex.cases]
         reference = _reference_tree(self.ex)  # read before the library's method is refused
+        right_values = self._library_values()
         with _library_refused(self.ex):
             try:
                 probe = Probe(self.module, forward, self.dout, _intermediate_grads)
             except Exception:  # the forward is the library's: it runs
                 return None
-            return search(probe, self.expected, SAME, own_only=True,
-                          reference=reference, verify=self._every_case)
+            return search(probe, self.expected, SAME, own_only=True, reference=reference,
+                          verify=self._every_case, right_values=right_values)
+
+    def _library_values(self):
+        """{name: [arrays]}: what the library's backward and the functions it calls held
+        at their end on this case (a statement of yours that gives a name the value the
+        library's name of that spelling has is right, whatever its text)."""
+        theirs, before_forward = self.library
+        if before_forward:
+            before_forward()
+        theirs.forward(*self.inputs)
+        dout = self.dout.copy() if is_array(self.dout) else self.dout
+        _, recorded = trace(lambda: theirs.backward(dout))
+        values = {}
+        for _, name, value in recorded.arrays():
+            values.setdefault(name, []).append(value)
+        return values
 
     def _every_case(self):
         """Whether the code as it stands now passes every case of the exercise."""

@@ -21,7 +21,7 @@ import math
 
 from ..backend import float_dtype, host_rng, xp
 from ..backend import rng as device_rng
-from ..checks import check_float
+from ..checks import check_array, check_float
 from .functional import (
     column_sum,
     normal_cdf,
@@ -62,6 +62,18 @@ class Linear(Module):
                 f"Linear: expected last axis {self.in_features}, got input of shape {x.shape}"
             )
 
+    def check_gradient(self, dout):
+        """A ValueError unless dout is the output's shape, (..., out) over the input's M
+        rows, before the backward takes the cache."""
+        if self.cache is None:
+            return  # _take_cache says so
+        rows = len(self.cache)  # M
+        check_array(dout, "Linear.backward", f"dout, an array of shape (..., {self.out_features})")
+        if dout.shape[-1:] != (self.out_features,) or dout.size != rows * self.out_features:
+            raise ValueError(f"Linear.backward: expected dout of the output's shape, (..., "
+                             f"{self.out_features}) over the input's {rows} rows, got "
+                             f"{tuple(dout.shape)}")
+
     def forward(self, x):
         self.check_input(x)
         x2 = x.reshape(-1, self.in_features)  # (M, in), M the product of the leading axes
@@ -77,6 +89,7 @@ class Linear(Module):
             db_j  = sum_m dy_mj        -> db = dy summed over rows
             dx_mi = sum_j dy_mj W_ji   -> dx = dy W           (M, in)
         """
+        self.check_gradient(dout)
         x2 = self._take_cache()
         dout2 = dout.reshape(-1, self.out_features)  # (M, out)
         self.weight.grad += dout2.T @ x2
@@ -188,6 +201,17 @@ class LayerNorm(Module):
             raise ValueError(f"LayerNorm: expected last axis {self.dim}, got input of shape "
                              f"{x.shape}")
 
+    def check_gradient(self, dout):
+        """A ValueError unless dout is the output's shape, before the backward takes the
+        cache (a smaller one would broadcast against xhat into a wrong gradient)."""
+        if self.cache is None:
+            return  # _take_cache says so
+        shape = self.cache[0].shape  # xhat's, the output's
+        check_array(dout, "LayerNorm.backward", f"dout, an array of the output's shape {shape}")
+        if dout.shape != shape:
+            raise ValueError(f"LayerNorm.backward: expected dout of the output's shape {shape}, "
+                             f"got {tuple(dout.shape)}")
+
     def forward(self, x):
         self.check_input(x)
         xhat, rstd, _, _ = standardize(x, -1, self.eps)  # (..., D) and (..., 1)
@@ -202,6 +226,7 @@ class LayerNorm(Module):
         Summing the three paths, per row,
             dx = rstd * (g - mean(g) - xhat * mean(g * xhat)).
         """
+        self.check_gradient(dout)
         xhat, rstd = self._take_cache()
         self.weight.grad += self.column_sum(dout, xhat)
         self.bias.grad += self.column_sum(dout)
