@@ -145,6 +145,20 @@ def stopped_run(stripes, out):
         fit(config, stop_after_steps=4)
 
 
+def test_a_run_stopped_before_its_first_step_saves_nothing_and_starts_again(stripes, tmp_path,
+                                                                             capsys):
+    config = TrainConfig(data_dir=str(stripes), out_dir=str(tmp_path / "run"), epochs=1,
+                         batch_size=32, max_shift=0, eval_batch_size=50,
+                         model_overrides={"embed_dim": 16, "depth": 1, "num_heads": 2})
+    with pytest.raises(KeyboardInterrupt):
+        fit(config, stop_after_steps=0)  # as by Ctrl-C while the run starts
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "interrupted: nothing to save before the first step: start the run again with the "
+        "same command")
+    assert not (tmp_path / "run" / "last.npz").exists()
+    assert len(fit(config)) == 1  # not refused as a folder that holds a run
+
+
 def test_resume_writes_into_the_folder_it_resumes_not_the_one_saved(stripes, tmp_path):
     stopped_run(stripes, tmp_path / "full")
     moved = tmp_path / "moved"

@@ -176,8 +176,11 @@ def _train(trainer, train_batches, test_batches, state, out, started, stop_after
 
 def _save_stopped(trainer, state, out):
     """``last.npz`` of a stopped run, whole even when another signal comes meanwhile;
-    returns the line that says where it stands."""
+    returns the line that says where it stands. A new run stopped before its first step
+    has nothing to keep, and saves nothing: the same command starts it again."""
     path = out / "last.npz"
+    if state.global_step == 0 and not path.exists():
+        return "nothing to save before the first step: start the run again with the same command"
     try:
         with trainer.stop.saving(path):
             _save(path, trainer, state)
