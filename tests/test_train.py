@@ -625,7 +625,8 @@ def test_more_kernel_threads_than_cores_is_said_on_the_start_line_and_the_run_go
     out, err = capsys.readouterr()
     assert "warning" not in err.lower()
     assert out.splitlines()[1].endswith(
-        ", 2 worker processes of one thread each" if workers > 1 else
+        f", 2 worker processes of one thread each (TINYVIT_NUM_THREADS={cores + 1} sets one "
+        "process's threads: not used here)" if workers > 1 else
         f", 1 process, the kernels on {cores + 1} thread(s) (more than the {cores} CPU cores "
         f"here: the threads take turns, and each kernel is slower than on {cores})")
 
@@ -643,6 +644,7 @@ def test_the_start_says_how_many_processes_and_threads_a_step_runs_on(monkeypatc
     from tinyvit.train import loop
     monkeypatch.setattr(loop, "available_cores", lambda: 4)
     monkeypatch.setattr(loop, "num_threads", lambda: 2)
+    monkeypatch.delenv(blocks.ENVIRONMENT_VARIABLE, raising=False)
     config = SimpleNamespace(tier="fast", workers=workers)
     comm = None if mpi is None else SimpleNamespace(size=mpi)
     assert loop._processes(config, comm) == expected

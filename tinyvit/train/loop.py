@@ -18,6 +18,7 @@ uninterrupted one.
 
 import dataclasses
 import math
+import os
 import shutil
 import time
 from contextlib import nullcontext
@@ -28,6 +29,7 @@ from tqdm import tqdm
 from ..backend import get_backend, on_cpu, set_backend
 from ..data import DatasetError
 from ..fast import cpu_numba, mkl
+from ..fast.blocks import ENVIRONMENT_VARIABLE as THREADS_VARIABLE
 from ..fast.blocks import available_cores, num_threads
 from ..files import NoSpaceError, atomic_write
 from ..models import ViT
@@ -382,6 +384,9 @@ def _processes(config, comm):
         return f"{comm.size} processes (MPI){threads and threads + ' each'}"
     if config.workers > 1:  # one thread each (parallel.py)
         text = f"{config.workers} worker processes of one thread each"
+        setting = os.environ.get(THREADS_VARIABLE, "").strip()
+        if setting:
+            text += f" ({THREADS_VARIABLE}={setting} sets one process's threads: not used here)"
         if config.workers > cores:
             text += (f", more than the {cores} CPU cores here: they take turns, and each step "
                      f"is slower than with --workers {cores}")
