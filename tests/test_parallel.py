@@ -102,6 +102,17 @@ def test_a_worker_that_dies_is_named(float64, reaped):
             parallel.forward(batch(4)[0])
 
 
+def test_workers_killed_together_are_each_named(float64):
+    model = ViT(**SMALL)
+    with DataParallel(model, 2, max_batch=4) as parallel:
+        for process in parallel.processes:
+            process.kill()
+        with pytest.raises(RuntimeError, match=r"worker process exited unexpectedly: "
+                                               r"tinyvit-worker-0 \(exit code -9\), "
+                                               r"tinyvit-worker-1 \(exit code -9\)$"):
+            parallel.forward(batch(4)[0])
+
+
 def test_an_error_inside_a_worker_comes_back_with_its_traceback(float64):
     # dropout: so the workers seed generators, and a bad seed fails
     model = ViT(dropout=0.1, **SMALL)

@@ -211,12 +211,15 @@ class DataParallel:
     def _exited(self, wait=2.0):
         """The workers that have exited, with their exit codes. A worker's end of the pipe
         closes as it exits, a moment before the system reports it gone: up to ``wait``
-        seconds for that."""
+        seconds for that, and a tenth of a second more for others killed with it (all of
+        them, by one ``kill``)."""
         deadline = time.monotonic() + wait
-        while not (gone := [p for p in self.processes if not p.is_alive()]):
+        while not any(not p.is_alive() for p in self.processes):
             if time.monotonic() > deadline:
                 return "none has ended, but one closed its end of the pipe"
             time.sleep(0.01)
+        time.sleep(0.1)
+        gone = [p for p in self.processes if not p.is_alive()]
         return ", ".join(f"{p.name} (exit code {p.exitcode})" for p in gone)
 
 
