@@ -62,7 +62,8 @@ def test_each_notebook_is_its_exercise_with_its_section_of_the_derivations(workb
         source = ["".join(c["source"]) for c in cells(path)]
         assert "".join(tagged(path, "answer")["source"]) == answer(ex).rstrip("\n")
         assert source[0].startswith(f"# Exercise {ex.number} of 24: {ex.title}")
-        assert notebook._local(derivation_text(ex.section)).rstrip("\n") in source
+        derivation = notebook._without_code(derivation_text(ex.section), ex.number)
+        assert notebook._local(derivation).rstrip("\n") in source
         assert f"check({ex.yours})" in source and f"hint({ex.number})" in source
         assert f"compare({ex.yours})" in source and f"where({ex.number})  #" in source[2]
     linear = "".join(cells(workbook / by_name("linear").notebook)[3]["source"])
@@ -70,6 +71,21 @@ def test_each_notebook_is_its_exercise_with_its_section_of_the_derivations(workb
     assert "dW &= dy^\\top x" in linear  # the page's LaTeX, as written
     training = workbook / "ex20_training.ipynb"
     assert "".join(cells(training)[-1]["source"]).startswith("train()")
+
+
+def test_no_notebook_shows_the_librarys_backward_above_the_blank(workbook):
+    """The derivation's blocks of code are the answer: left out, with where to find them
+    after an attempt. The one block of code shown is the forward, given."""
+    for ex in EXERCISES:
+        markdown = ["".join(c["source"]) for c in cells(workbook / ex.notebook)
+                    if c["cell_type"] == "markdown"]
+        blocks = [m for m in markdown if "```python" in m]
+        assert len(blocks) == 1 and blocks[0].startswith("## The forward, given"), ex.name
+    path = workbook / by_name("attention_core").notebook
+    core = "".join("".join(c["source"]) for c in cells(path))
+    assert "dS.transpose(0, 1, 3, 2) @ q" not in core
+    assert ("*(The library's code for this step is left out here: it is the answer. After an "
+            "attempt that ran, `python -m tinyvit.learn solution 12` shows it.)*") in core
 
 
 def test_the_derivation_is_read_from_the_page_when_the_notebook_is_written(tmp_path,

@@ -43,7 +43,7 @@ def exercise_notebook(ex):
         _code("from tinyvit.learn.cells import check, compare, hint, where\n" + imports(ex),
               "setup"),
         _code(f"where({ex.number})  # where the layer sits in the ViT, and its shapes"),
-        _markdown(_local(derivation_text(ex.section))),
+        _markdown(_local(_without_code(derivation_text(ex.section), ex.number))),
         _markdown("## The forward, given\n\nAs tinyvit computes it "
                   f"(`{ex.forward.__module__}.{getattr(ex.forward, '__qualname__', '')}`):"
                   f"\n\n```python\n{_source(ex.forward)}```"),
@@ -107,6 +107,17 @@ def _local(markdown):
         return f"{text} ({path})" if path and not path.endswith(".md") else text
 
     return LINK.sub(said, markdown)
+
+
+CODE = re.compile(r"^```python\n.*?^```\n", re.MULTILINE | re.DOTALL)
+
+
+def _without_code(markdown, number):
+    """The derivation with its blocks of the library's code left out: they are the
+    answer, which the workbook keeps until an attempt has run."""
+    return CODE.sub(f"*(The library's code for this step is left out here: it is the answer. "
+                    f"After an attempt that ran, `python -m tinyvit.learn solution {number}` "
+                    "shows it.)*\n", markdown)
 
 
 def _source(obj):
