@@ -242,6 +242,34 @@ def test_a_planted_bug_fails_with_its_diagnosis(workbook, bug):
     assert f"a hint: python -m tinyvit.learn hint {by_name(name).number}" in paragraph
 
 
+@pytest.mark.parametrize("returned, says", [
+    ("dx = dout * (1.0 - y * y)", "your backward returned None, where the input's gradient, one "
+     "array of shape (3, 7), is expected: is a return missing at its end?"),
+    ("return dout * (1.0 - y * y), None", "your backward returned a tuple of 2, where the "
+     "input's gradient, one array of shape (3, 7), is expected"),
+])
+def test_a_backward_that_returns_no_array_is_told_so_without_a_search(workbook, returned, says):
+    paragraph = failure_of(workbook, "tanh", ("return dout * (1.0 - y * y)", returned))
+    assert paragraph.splitlines()[0] == f"exercise 2 (Tanh), case 1 of 3, input (3, 7): {says}"
+    assert "no edit of one or two lines" not in paragraph
+
+
+@pytest.mark.parametrize("planted, at, says", [
+    (("return dout * (1.0 - y * y)", "return dout * (1.0 - y * y"), "return dout",
+     "SyntaxError: '(' was never closed"),
+    (("class MyTanh(Tanh):", "class MyTanh2(Tanh):"), "check(MyTanh,",
+     "NameError: name 'MyTanh' is not defined"),
+])
+def test_a_file_whose_own_line_raises_is_one_line_naming_it(workbook, capsys, planted, at, says):
+    ex = by_name("tanh")
+    path = workbook / ex.filename
+    path.write_text(fill(path.read_text(), ex).replace(*planted))
+    line = next(i for i, text in enumerate(path.read_text().splitlines(), 1) if at in text)
+    assert command.main(["check", "2", str(workbook)]) == 1
+    assert capsys.readouterr().out == (f"{path}, line {line}: {says} (the exercise's file must "
+                                       "run before its backward can be checked)\n")
+
+
 def test_hints_come_one_level_at_a_time_and_the_solution_after_an_attempt(workbook, capsys):
     assert command.main(["hint", "1", str(workbook)]) == 0
     assert command.main(["hint", "1", str(workbook)]) == 0

@@ -11,6 +11,7 @@ DIR defaults to the folder you are in.
 
 import argparse
 import sys
+import traceback
 from pathlib import Path
 
 from .checking import MARKER, ExerciseFailed, Progress, load_exercise
@@ -91,8 +92,12 @@ def status(folder, _):
 
 
 def check(folder, number):
-    filename = TRAINING_FILE if number == TRAINING else _exercise(number).filename
-    module = load_exercise(folder / filename)
+    path = folder / (TRAINING_FILE if number == TRAINING else _exercise(number).filename)
+    try:
+        module = load_exercise(path)
+    except Exception as error:  # the learner's file: a syntax error, a name not defined
+        print(_does_not_run(path, error))
+        return 1
     tests = [f for name, f in vars(module).items() if name.startswith("test_")]
     try:
         for test in tests:
@@ -100,7 +105,27 @@ def check(folder, number):
     except ExerciseFailed as failure:
         print(failure)
         return 1
+    except Exception as error:  # raised by the file's own line (a class renamed): said so
+        if Path(traceback.extract_tb(error.__traceback__)[-1].filename).resolve() != \
+                path.resolve():
+            raise
+        print(_does_not_run(path, error))
+        return 1
     return 0
+
+
+def _does_not_run(path, error):
+    """One line for an exercise file whose own line raised (as it is imported, or in its
+    test function): the line, the error."""
+    if isinstance(error, SyntaxError):
+        line, message = error.lineno, error.msg
+    else:
+        ours = [f for f in traceback.extract_tb(error.__traceback__)
+                if Path(f.filename).resolve() == path.resolve()]
+        line, message = (ours[-1].lineno if ours else None), str(error)
+    where = f", line {line}" if line else ""
+    return (f"{path}{where}: {type(error).__name__}: {message} (the exercise's file must run "
+            "before its backward can be checked)")
 
 
 def hint(folder, number):

@@ -459,6 +459,12 @@ def _backward(ex, module, inputs, before_forward, dout, where, learner=True, rep
     computed = {"input": dx}
     computed.update((name, p.grad) for name, p in module.named_parameters())
     shapes = {"input": inputs[0].shape, **{n: p.data.shape for n, p in module.named_parameters()}}
+    if dx is None or isinstance(dx, (tuple, list)):  # stage 2: no search, the cause is plain
+        returned = "None" if dx is None else f"a {type(dx).__name__} of {len(dx)}"
+        raise ExerciseFailed(_paragraph(
+            ex, where, f"your backward returned {returned}, where the input's gradient, one "
+            f"array of shape {tuple(inputs[0].shape)}, is expected"
+            f"{': is a return missing at its end?' if dx is None else ''}"))
     for name, value in computed.items():  # stage 2
         shape = getattr(value, "shape", None)
         if shape != shapes[name]:
