@@ -131,7 +131,7 @@ def measure_mistakes(out, path=None):
 
 VERDICTS = ("fixed at the right line", "fixed elsewhere", "named", "not caught", "fix wrong")
 FIX_LINE = re.compile(r"^ {6}line (\d+) of (\S+) \(([^)]*)\):(.*)$")
-SEARCHED = re.compile(r"(?:edits of the code|tried) in ([\d.]+) s")
+SEARCHED = re.compile(r"(?:edits? of the code|tried|found) in (?:the )?([\d.]+) s")
 
 
 def run_mistake(workbook, mistake, tag):

@@ -521,10 +521,21 @@ def test_the_search_keeps_to_its_time_and_then_measures():
         spent = time.perf_counter() - started
     assert report.fix is None and report.search.seconds < 0.5 and spent < 3
     text = str(report)
+    assert not report.search.ran_out  # every edit tried: no edit makes it right
     assert (f"no edit of one or two lines makes every gradient right ({report.search.tried} "
             f"tried in {report.search.seconds:.2f} s); what differs is measured under each "
             "failing gradient") in text
     assert "it differs at 80 of 80 entries, all of them" in text
+
+
+def test_a_search_whose_time_is_up_says_it_tried_some_edits_not_all():
+    with B.default_dtype("float64"):
+        report = gradient_check(NoisyTanh(), randn(2, 5, 8), repair=1e-3)
+    assert report.fix is None and report.search.ran_out
+    assert (f"no edit of one or two lines that makes every gradient right was found in the "
+            f"{report.search.seconds:.2f} s the search has ({report.search.tried} edits tried, "
+            "not all of them); what differs is measured under each failing gradient"
+            ) in str(report)
 
 
 def test_where_no_search_runs_the_difference_is_measured_in_named_values():

@@ -70,7 +70,7 @@ def said(fix, search, derivations=(), section_of=None):
     two versions; after the statements of each edit, why and where the page derives it.
     ``derivations``: docstrings that state formulas (the reference's); ``section_of(edit)``:
     where the page derives the step an edit is in."""
-    lines = [f"the fix, found by trying {search.tried} edits of the code in "
+    lines = [f"the fix, found by trying {_edits(search.tried)} of the code in "
              f"{search.seconds:.2f} s (it makes every gradient right):"]
     found = changes(fix)
     for i, change in enumerate(found):
@@ -92,6 +92,21 @@ def said(fix, search, derivations=(), section_of=None):
         if section:
             lines.append(f"  the derivation of this step: {section}")
     return lines
+
+
+def not_found(search, makes, whose=""):
+    """The line of a search that found no fix: none among the edits the error model makes,
+    or, where the time was up first, none among those it had tried."""
+    if search.ran_out:
+        return (f"no edit of one or two lines {whose}that {makes} was found in the "
+                f"{search.seconds:.2f} s the search has ({_edits(search.tried)} tried, not "
+                "all of them)")
+    return f"no edit of one or two lines {whose}{makes} ({search.tried} tried in " \
+           f"{search.seconds:.2f} s)"
+
+
+def _edits(count):
+    return f"{count} edit{'' if count == 1 else 's'}"
 
 
 TAKEN_OUT = "(taken out)"  # what a statement that the fix removes becomes

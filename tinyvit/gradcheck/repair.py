@@ -203,6 +203,7 @@ class Search:
     seconds: float
     trace: object  # the Trace of the backward as written
     sources: list  # the functions it edited
+    ran_out: bool = False  # the time was up before every candidate was tried
 
 
 def search(probe, expected, tol, budget=None, own_only=False, reference=None, verify=None,
@@ -280,7 +281,8 @@ def search(probe, expected, tol, budget=None, own_only=False, reference=None, ve
             return found([first, second])
     if kept:
         return found(kept)
-    return Search(None, tried, time.perf_counter() - started, recorded, sources)
+    return Search(None, tried, time.perf_counter() - started, recorded, sources,
+                  ran_out=time.perf_counter() > deadline)
 
 
 def _right_statements(recorded, sources, values):

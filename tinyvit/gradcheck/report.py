@@ -6,7 +6,7 @@ from ..models import ViT
 from ..models.hybrid import ConvStem, HybridEmbed
 from ..nn import conv, layers
 from ..nn.loss import SoftmaxCrossEntropy
-from .answer import said
+from .answer import not_found, said
 
 BACKPROP = "docs/backprop.md"
 # the section of docs/backprop.md that derives each layer's backward (isinstance: a fast
@@ -126,9 +126,8 @@ class GradCheckReport:
             return ["no edit was tried: no function the backward ran could be edited (a lambda, "
                     "a builtin, code typed at a prompt, or code the forward runs too); what "
                     "differs is measured under each failing gradient"]
-        return [f"no edit of one or two lines makes every gradient right ({self.search.tried} "
-                f"tried in {self.search.seconds:.2f} s); what differs is measured under each "
-                "failing gradient"]
+        return [f"{not_found(self.search, 'makes every gradient right')}; what differs is "
+                "measured under each failing gradient"]
 
     def _section_of(self, edit):
         layers = [m for m in edit.scope.selves if m is not None]

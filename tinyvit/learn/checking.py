@@ -49,7 +49,7 @@ from ..backend import (
 )
 from ..backend import rng as device_rng
 from ..gradcheck import gradient_check
-from ..gradcheck.answer import said
+from ..gradcheck.answer import not_found, said
 from ..gradcheck.check import compare, doubled
 from ..gradcheck.diagnose import Context, diagnose
 from ..gradcheck.repair import Probe, measure, search
@@ -295,8 +295,7 @@ class _Repair:
         if found is None:
             return []
         if found.fix is None:
-            return [f"no edit of one or two lines of yours makes every case right "
-                    f"({found.tried} tried in {found.seconds:.2f} s)"]
+            return [not_found(found, "makes every case right", "of yours ")]
         return said(found.fix, found, _derivations(self.ex),
                     section_of=lambda edit: derivation(self.ex.section))
 
