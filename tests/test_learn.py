@@ -153,6 +153,10 @@ PLANTED = {  # exercise: (the library's line, the learner's mistake, what the fa
         "linear", ("self.weight.grad += dout2.T @ x2", "self.weight.grad = dout2.T @ x2"),
         "weight's gradient is assigned, not accumulated: a second backward without zero_grad "
         "left it as it was instead of doubling it"),
+    "a NumPy function given an array of too many axes": (
+        "layernorm", ("g = dout * self.weight.data", "g = xp.diag(dout) * self.weight.data"),
+        "your backward raised ValueError: Input must be 1- or 2-d. at line ",
+        " of ex09_layernorm.py: g = xp.diag(dout) * self.weight.data"),  # not NumPy's line
     "the softmax backward without its row-sum term": (
         "softmax", ("return A * (dA - (dA * A).sum(axis=-1, keepdims=True))", "return A * dA"),
         "the rows of dS must sum to zero, but yours sum to up to"),

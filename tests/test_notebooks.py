@@ -243,6 +243,9 @@ def test_a_failure_under_pytest_draws_the_difference_beside_the_file(workbook):
     assert str(failed.value).splitlines()[-1] == f"The difference, drawn: {picture}"
     pixels = np.asarray(Image.open(picture).convert("RGB"))
     assert pixels.shape[1] > 300 and (pixels == (33, 33, 33)).all(axis=-1).sum() > 100
+    path.write_text(path.read_text().replace(*BIAS_MEAN[::-1]))  # the mistake corrected
+    load_exercise(path).test_linear()
+    assert not picture.exists()  # a picture of a difference there is no longer
 
 
 def test_the_diagram_highlights_the_layer_and_names_a_wrong_box():

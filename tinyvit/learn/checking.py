@@ -54,7 +54,7 @@ from ..gradcheck.check import compare, doubled
 from ..gradcheck.diagnose import Context, diagnose
 from ..gradcheck.repair import Probe, measure, search
 from ..gradcheck.source import NotEditable, Source
-from ..gradcheck.trace import trace
+from ..gradcheck.trace import LIBRARIES, trace
 from ..nn.conv import col2im
 from . import harness, pictures
 from .exercises import EXERCISES, by_name, derivation
@@ -98,7 +98,13 @@ def check(yours, exercise=None):
         _draw_difference(failure, ex, progress.folder)
         raise
     progress.record(ex.number, "pass")
+    if progress.folder is not None:  # an earlier failure's picture is no longer true
+        _difference_path(ex, progress.folder).unlink(missing_ok=True)
     print(f"exercise {ex.number} ({ex.title}): PASS, every stage of {len(ex.cases)} cases")
+
+
+def _difference_path(ex, folder):
+    return folder / f"{Path(ex.filename).stem}.difference.png"
 
 
 def _draw_difference(failure, ex, folder):
@@ -107,7 +113,7 @@ def _draw_difference(failure, ex, folder):
     the paragraph's last line says where."""
     if getattr(failure, "difference", None) is None or folder is None:
         return
-    path = folder / f"{Path(ex.filename).stem}.difference.png"
+    path = _difference_path(ex, folder)
     pictures.difference(*failure.difference, path)
     failure.picture = path
     failure.args = (f"{failure.args[0]}\nThe difference, drawn: {path}",)
@@ -754,8 +760,12 @@ def _after(error):
 
 
 def _learners_frames(error):
+    """The frames of the learner's own code: neither tinyvit's nor a library's (NumPy's
+    ``xp.diag`` raised at a line of NumPy's file, which named it)."""
     return [f for f in traceback.extract_tb(error.__traceback__)
-            if not Path(f.filename).resolve().is_relative_to(PACKAGE)]
+            if not Path(f.filename).resolve().is_relative_to(PACKAGE)
+            and not any(Path(f.filename).resolve().is_relative_to(library)
+                        for library in LIBRARIES)]
 
 
 def _raised(error):
