@@ -144,7 +144,8 @@ PLANTED = {  # exercise: (the library's line, the learner's mistake, what the fa
     "the mask turned back into 0/1, its 1/(1-p) lost": (
         "dropout", ("return dout if isinstance(mask, float) else dout * mask",
                     "return dout if isinstance(mask, float) else dout * (mask != 0)"),
-        "-> return (dout if isinstance(mask, float) else dout * (mask != 0)) * mask"),
+        "-> return (dout if isinstance(mask, float) else dout * (mask != 0)) * mask",
+        "computed/expected = 0.7 = (1-p) everywhere: a factor of (1-p) too many (or missing)"),
     "a transposed weight gradient": (
         "linear", ("self.weight.grad += dout2.T @ x2", "self.weight.grad += x2.T @ dout2"),
         "weight's gradient must have its array's shape (5, 7), but you add to it shape (7, 5), "

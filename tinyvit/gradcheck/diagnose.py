@@ -177,7 +177,7 @@ def read_ratio(ratio, head_dim=None, rows=None, named=(), counts=(), batch=()):
         return f"{times}", (f"a mean over {times} values (the rows of the batch) taken as their "
                             f"sum: the 1/{times} of the mean is missing")
     for name, value in named:
-        for text, factor in ((name, value), (f"1/{name}", 1 / value)):
+        for text, factor in ((name, value), (_inverse(name), 1 / value)):
             if math.isclose(ratio, factor, rel_tol=1e-6):
                 return f"{ratio:.6g} = {text}", f"a factor of {text} too many (or missing)"
     if times >= 2 and times in counted and math.isclose(ratio, times, rel_tol=1e-6):
@@ -217,6 +217,14 @@ def _named(name, context):
                 found.append(("1/(1-p)", 1 / (1 - value)))
     return found
 
+
+
+def _inverse(name):
+    """1/name as it reads: "1/(1-p)" gives "(1-p)", not "1/1/(1-p)"; "1 - p" gives
+    "1/(1 - p)"."""
+    if name.startswith("1/"):
+        return name[2:]
+    return f"1/({name})" if any(c in name for c in " +-*/") else f"1/{name}"
 
 def _which(n, batch, counts):
     """What n values are, where the input says: its rows, or a count along some axes."""
