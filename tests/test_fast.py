@@ -393,6 +393,24 @@ def threads_of_eight_blocks():
     return ran_on
 
 
+def test_the_pools_threads_keep_the_callers_numpy_error_state(threads):
+    """quiet_overflow in the training step holds in the blocks' threads too: a diverging
+    run's AdamW update printed NumPy's overflow warning from a pool thread."""
+    threads(2)
+    ran_on = set()
+
+    def square(x):
+        ran_on.add(threading.get_ident())
+        np.multiply(x, x, out=x)  # 1e30 squared overflows float32
+        time.sleep(0.002)  # long enough for the pool's thread to take blocks too
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a warning in any thread fails its block, and the call
+        with B.quiet_overflow():
+            blocks.each_block(square, np.full((64, 4), 1e30, np.float32), block_bytes=4 * 4)
+    assert len(ran_on) == 2
+
+
 def test_each_block_does_not_wait_for_a_thread_that_has_not_started(threads):
     """The pool's thread held busy: the calling thread claims every block itself and
     returns, where blocks dealt out in advance would wait for the busy thread."""

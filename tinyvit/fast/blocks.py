@@ -21,6 +21,8 @@ Each thread claims the next block not yet taken until none is left, the calling
 thread from the start, the pool's as they wake: a thread that wakes late (a sleeping
 thread can take a large part of a millisecond: docs/performance.md) or runs slower takes
 fewer blocks, and no thread waits for a share given in advance to one still asleep.
+The pool's threads run each call in a copy of the caller's context, so that NumPy's error
+state (``backend.quiet_overflow``, which the training step sets) holds in them too.
 A kernel writes its results into the blocks of preallocated outputs (``out=``,
 ``+=``); what it returns is collected in block order (a partial sum per block, say), so
 that a sum over blocks adds up in the same order whatever the thread count.
@@ -34,6 +36,7 @@ machine's cores (``tinyvit.train.distributed``). A process forked from one that
 has started the pool starts a pool of its own when it first needs one.
 """
 
+import contextvars
 import itertools
 import os
 import threading
@@ -157,9 +160,10 @@ def each_block(kernel, *arrays, block_bytes=BLOCK_BYTES):
         return [kernel(*(a[rows] for a in arrays)) for rows in blocks]
     claims = _Claims(kernel, arrays, blocks)
     pool = _get_pool(threads - 1)
+    context = contextvars.copy_context()  # the caller's: NumPy's errstate (quiet_overflow)
     for _ in range(threads - 1):
         try:
-            pool.submit(claims.run)
+            pool.submit(context.copy().run, claims.run)
         except RuntimeError:  # the pool shut down (resized by another thread, or at exit)
             break  # the calling thread claims the blocks no other thread takes
     claims.run()  # the calling thread starts at once; the others join as they wake
