@@ -132,7 +132,8 @@ def parse_args(argv):
     g.add_argument("--label-smoothing", type=float)
     g.add_argument("--clip-grad", type=float, help="max global gradient norm (0: off)")
     g.add_argument("--budget", type=float, metavar="MINUTES",
-                   help="plan the epochs after the first so the run ends within this time")
+                   help="plan the epochs after the first so the run ends within this time "
+                        "(0: no budget, the recipe's epochs)")
     g = p.add_argument_group("fine-tuning")
     g.add_argument("--init", metavar="CKPT_OR_DIR",
                    help="start from these weights: a checkpoint, a run folder (its best.npz), or "
@@ -154,8 +155,10 @@ def parse_args(argv):
     g.add_argument("--eval", metavar="CKPT", help="evaluate a checkpoint on the test set")
     g.add_argument("--predict", metavar="IMAGE", help="print the top-3 classes of an image file")
     g.add_argument("--checkpoint", metavar="CKPT", help="checkpoint for --predict")
-    g.add_argument("--train-subset", type=int, help="train on the first N images only")
-    g.add_argument("--test-subset", type=int, help="evaluate on the first N images only")
+    g.add_argument("--train-subset", type=int,
+                   help="train on the first N images only (0: all of them)")
+    g.add_argument("--test-subset", type=int,
+                   help="evaluate on the first N images only (0: all of them)")
     g.add_argument("--eval-every", type=int,
                    help="epochs between test evaluations (the last is always evaluated)")
     args = p.parse_args(argv)

@@ -395,7 +395,8 @@ def _processes(config, comm):
 
 
 def _print_start(config, trainer, batches, init_notes, memory):
-    epochs = f"a budget of {config.budget:g} min" if config.budget else f"{config.epochs} epochs"
+    epochs = (f"a budget of {config.budget:g} min" if config.budget else
+              f"{config.epochs} epoch{'' if config.epochs == 1 else 's'}")
     model = trainer.model
     processes = _processes(config, trainer.communicator)
     how = ", the step captured in a CUDA graph" if config.cuda_graph else ""
