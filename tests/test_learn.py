@@ -112,6 +112,25 @@ def test_the_training_runs_the_learners_functions_inside_the_learners_layers(wor
         "merge_qkv_grads": "ex14_split_heads.py"}
 
 
+def test_code_changed_since_it_passed_is_said_by_status_and_the_training(workbook, capsys):
+    ex = by_name("linear")
+    path = workbook / ex.filename
+    path.write_text(fill(path.read_text(), ex))
+    load_exercise(path).test_linear()  # passes
+    path.write_text(path.read_text().replace("self.bias.grad += self.column_sum(dout2)",
+                                             "self.bias.grad += dout2.mean(axis=0)"))
+    capsys.readouterr()
+    assert command.main(["status", str(workbook)]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == (
+        f"  1  PASS, changed    {ex.filename:<26} {ex.title}")
+    with pytest.raises(ExerciseFailed) as failed:
+        check_training(workbook)
+    assert str(failed.value) == (
+        f"exercise {TRAINING} trains on your layers that passed their checks, but the code of "
+        f"exercise(s) 1 changed since it passed: check it again first (python -m tinyvit.learn "
+        f"check 1 {workbook})")
+
+
 def test_the_training_stops_where_the_losses_part(workbook):
     """A bias gradient of the wrong sign (doubled, AdamW would not see it: it divides
     each gradient by its own scale), with exercises 1-19 marked as passed: step 0's loss

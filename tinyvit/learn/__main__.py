@@ -19,6 +19,7 @@ from .exercises import EXERCISES, TRAINING, by_number
 from .hints import next_hint
 from .notebook import write_notebooks
 from .solution import solution
+from .training import changed_since_passing
 from .workbook import TRAINING_FILE, start
 
 RAN = ("pass", "fail")  # an attempt that ran: the blank was written
@@ -80,12 +81,17 @@ def _exercise(number):
 
 
 def status(folder, _):
-    results = Progress(folder).read()
+    progress = Progress(folder)
+    results = progress.read()
     rows = [(ex.number, ex.filename, ex.title) for ex in EXERCISES]
     rows.append((TRAINING, TRAINING_FILE, "training on your backward passes"))
     marks = {"pass": "PASS", "fail": "FAIL", "blank": "not written", None: "not checked yet"}
     for number, filename, title in sorted(rows):
-        print(f"{number:>3}  {marks[results.get(number)]:<16} {filename:<26} {title}")
+        mark = marks[results.get(number)]
+        if mark == "PASS" and number != TRAINING and changed_since_passing(
+                folder, by_number(number), progress):
+            mark = "PASS, changed"  # since its check: check it again
+        print(f"{number:>3}  {mark:<16} {filename:<26} {title}")
     passed = sum(result == "pass" for result in results.values())
     print(f"{passed} of {len(rows)} passed")
     return 0

@@ -25,6 +25,7 @@ code for the fix that passes every case, and the paragraph gives it first.
 """
 
 import dataclasses
+import hashlib
 import importlib.util
 import inspect
 import json
@@ -62,6 +63,7 @@ from .exercises import EXERCISES, by_name, derivation
 TOL = 1e-7  # the gradient check's bar (the library's backward agrees to about 1e-9)
 SAME = 1e-10  # yours and the library's agree to this, relative: rounding, in float64
 PROGRESS = ".learn-progress.json"  # in the workbook's folder
+CHECKED = ".learn-checked.json"  # beside it: a digest of each passing code
 MARKER = "learn.json"  # what makes a folder a workbook
 PACKAGE = Path(__file__).resolve().parent.parent  # tinyvit's own files, in a traceback
 
@@ -97,7 +99,7 @@ def check(yours, exercise=None):
         progress.record(ex.number, "fail")
         _draw_difference(failure, ex, progress.folder)
         raise
-    progress.record(ex.number, "pass")
+    progress.record(ex.number, "pass", fingerprint(ex, yours))
     if progress.folder is not None:  # an earlier failure's picture is no longer true
         _difference_path(ex, progress.folder).unlink(missing_ok=True)
     print(f"exercise {ex.number} ({ex.title}): PASS, every stage of {len(ex.cases)} cases")
@@ -831,8 +833,29 @@ class Progress:
             return {}
         return {int(k): v for k, v in json.loads(path.read_text()).items()}
 
-    def record(self, number, result):
+    def record(self, number, result, code=None):
+        """``result`` of exercise ``number``; ``code``, where it passed, the digest of the
+        code that passed (``fingerprint``)."""
         if self.folder is None:
             return
         results = {**self.read(), number: result}
         (self.folder / PROGRESS).write_text(json.dumps(results, indent=1, sort_keys=True))
+        digests = {**self.passed_code(), number: code if result == "pass" else None}
+        (self.folder / CHECKED).write_text(json.dumps(digests, indent=1, sort_keys=True))
+
+    def passed_code(self):
+        """{number: the digest of the code that passed, or None}."""
+        path = self.folder / CHECKED
+        if not path.is_file():
+            return {}
+        return {int(k): v for k, v in json.loads(path.read_text()).items()}
+
+
+def fingerprint(ex, yours):
+    """A digest of the learner's code for exercise ``ex`` (its method's or its function's
+    source), or None where the source cannot be read."""
+    try:
+        source = inspect.getsource(getattr(yours, ex.method) if ex.method else yours)
+    except (OSError, TypeError, AttributeError):
+        return None
+    return hashlib.sha256(source.encode()).hexdigest()[:16]

@@ -24,8 +24,15 @@ from ..nn.loss import SoftmaxCrossEntropy
 from ..nn.optim import AdamW
 from ..train.gradients import loss_and_gradients
 from . import pictures
-from .checking import MARKER, ExerciseFailed, Progress, load_exercise, load_notebook
-from .exercises import EXERCISES, STEPS, TRAINING
+from .checking import (
+    MARKER,
+    ExerciseFailed,
+    Progress,
+    fingerprint,
+    load_exercise,
+    load_notebook,
+)
+from .exercises import EXERCISES, STEPS, TRAINING, by_number
 from .workbook import BLANK
 
 BATCH, LR, AGREE = 32, 1e-3, 1e-6  # the losses must agree to AGREE, relative, at every step
@@ -40,6 +47,13 @@ def check_training(folder):
     __tracebackhide__ = True  # pytest shows the paragraph, not these frames
     progress = Progress(folder)
     passed = [n for n in NEEDED if progress.read().get(n) == "pass"]
+    changed = [n for n in passed if changed_since_passing(folder, by_number(n), progress)]
+    if changed:
+        numbers = ", ".join(str(n) for n in changed)
+        raise ExerciseFailed(f"exercise {TRAINING} trains on your layers that passed their "
+                             f"checks, but the code of exercise(s) {numbers} changed since it "
+                             f"passed: check it again first (python -m tinyvit.learn check "
+                             f"{changed[0]} {folder})")
     if not passed:
         progress.record(TRAINING, "blank")
         raise ExerciseFailed(f"exercise {TRAINING} trains on your layers where they pass their "
@@ -103,6 +117,19 @@ def _learners_classes(folder, passed):
                              {name: cls.__dict__[name] for name, cls in methods.items()})
              for reference, methods in classes.items()}
     return yours, ", ".join(names)
+
+
+def changed_since_passing(folder, ex, progress):
+    """Whether exercise ``ex`` passed its check with other code than its file (or its
+    notebook, where that was written last) holds now; False where no digest was kept."""
+    passed = progress.passed_code().get(ex.number)
+    if passed is None:
+        return False
+    try:
+        now = fingerprint(ex, getattr(written(folder, ex), ex.yours))
+    except Exception:  # it no longer runs, or lost its class: changed
+        return True
+    return now != passed
 
 
 def written(folder, ex):
