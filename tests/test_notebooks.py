@@ -64,7 +64,7 @@ def test_each_notebook_is_its_exercise_with_its_section_of_the_derivations(workb
         assert source[0].startswith(f"# Exercise {ex.number} of 24: {ex.title}")
         derivation = notebook._without_code(derivation_text(ex.section), ex.number)
         assert notebook._local(derivation).rstrip("\n") in source
-        assert f"check({ex.yours})" in source and f"hint({ex.number})" in source
+        assert f"check({ex.yours})" in source and f"hint({ex.number}, 1)" in source
         assert f"compare({ex.yours})" in source and f"where({ex.number})  #" in source[2]
     linear = "".join(cells(workbook / by_name("linear").notebook)[3]["source"])
     assert linear.startswith("## Linear\n\n`Linear` (tinyvit/nn/layers.py) maps the last axis")
@@ -149,9 +149,11 @@ def test_a_blank_notebook_runs_and_its_check_says_so(workbook, kernel_path):
         "MyBatchNorm2d.backward between the markers of ex23_batchnorm.py (or of "
         "ex23_batchnorm.ipynb)\n")
     assert len(images(out["where(23)  # where the layer sits in the ViT, and its shapes"])) == 1
-    assert printed(out["hint(23)"]).startswith("hint 1 of 3 for exercise 23 (BatchNorm2d), the "
-                                               "shapes: from the cache xhat (B, C, H, W)")
+    assert printed(out["hint(23, 1)"]).startswith("hint 1 of 3 for exercise 23 (BatchNorm2d), "
+                                                  "the shapes: from the cache xhat (B, C, H, W)")
     assert Progress(workbook).read() == {23: "blank"}
+    again = run_notebook(workbook / ex.notebook)  # run all again: the hint cell says no more
+    assert printed(again["hint(23, 1)"]) == printed(out["hint(23, 1)"])
 
 
 def test_a_notebook_filled_right_passes_in_the_kernel(workbook, kernel_path):
@@ -287,6 +289,19 @@ def test_after_the_third_hint_there_are_no_more(workbook, capsys):
             "shows tinyvit's code")
     assert calls[-1].splitlines()[-3:] == [
         f"The derivation: {exercises.BACKPROP}#batchnorm2d", done, done]  # not hints again
+
+
+def test_a_hint_of_a_level_shows_up_to_it_and_keeps_the_highest_shown(workbook, capsys,
+                                                                      monkeypatch):
+    from tinyvit.learn import cells
+    monkeypatch.chdir(workbook)
+    cells.hint(23, 2)
+    cells.hint(23, 1)
+    first, second = capsys.readouterr().out.split("hint 1 of 3")[1:]
+    assert first.count("\nhint ") == 1 and second.count("\nhint ") == 0  # levels 2, then 1
+    assert json.loads((workbook / ".learn-hints.json").read_text()) == {"23": 2}
+    with pytest.raises(ValueError, match="hint: expected a level of 1 to 3, got 4"):
+        cells.hint(23, 4)
 
 
 def test_a_solution_shows_its_method_then_what_it_calls_in_the_order_they_run():

@@ -35,8 +35,10 @@ def compare(yours, exercise=None):
     print("\n".join(checking.comparison(yours, exercise)))
 
 
-def hint(number):
-    print(next_hint(Path.cwd(), by_number(number)))
+def hint(number, level=None):
+    """Exercise ``number``'s hints up to ``level`` (1 to 3): a cell run again, or the whole
+    notebook run again, shows no more than it names. Without a level, one more than before."""
+    print(next_hint(Path.cwd(), by_number(number), level))
 
 
 def where(number):

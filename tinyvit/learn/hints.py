@@ -229,16 +229,21 @@ HINTS = {
 }
 
 
-def next_hint(folder, ex):
-    """The hints of exercise ``ex`` up to the next level, one line each, that level
-    recorded in ``folder``; after the last, that there are no more."""
+def next_hint(folder, ex, level=None):
+    """The hints of exercise ``ex`` up to ``level`` (1 to 3), or without it up to the level
+    after the last shown, one line each, the highest level shown recorded in ``folder``;
+    past the last, that there are no more."""
     path = folder / SHOWN
     shown = json.loads(path.read_text()) if path.is_file() else {}
-    level = shown.get(str(ex.number), 0) + 1
+    before = shown.get(str(ex.number), 0)
+    if level is None:
+        level = before + 1
+    elif level not in range(1, len(LEVELS) + 1):
+        raise ValueError(f"hint: expected a level of 1 to {len(LEVELS)}, got {level!r}")
     if level > len(LEVELS):
         return (f"no more hints for exercise {ex.number} ({ex.title}): python -m tinyvit.learn "
                 f"solution {ex.number} shows tinyvit's code")
-    shown[str(ex.number)] = level
+    shown[str(ex.number)] = max(before, level)
     path.write_text(json.dumps(shown, indent=1, sort_keys=True))
     lines = [f"hint {i + 1} of {len(LEVELS)} for exercise {ex.number} ({ex.title}), "
              f"{LEVELS[i]}: {HINTS[ex.name][i]}" for i in range(level)]

@@ -53,9 +53,10 @@ def exercise_notebook(ex):
                   f"{ex.filename}`: the first failure says why, with the fix where one is "
                   "found, and draws your gradient minus the right one."),
         _code(f"check({ex.yours})"),
-        _markdown("## Stuck?\n\nEach run shows one more hint: the shapes, then the chain "
-                  "rule with one term left for you, then the formula."),
-        _code(f"hint({ex.number})"),
+        _markdown("## Stuck?\n\nThree hints, each saying more: the shapes, then the chain "
+                  "rule with one term left for you, then the formula. The cell shows them up "
+                  "to the level it names: change the 1 to 2, then to 3, for more."),
+        _code(f"hint({ex.number}, 1)"),
         _markdown("## Compare with the numbers (optional)\n\nYour gradients against the "
                   "library's on the check's first case, one row each: exact, close, largest "
                   "difference."),
