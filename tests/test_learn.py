@@ -294,6 +294,15 @@ def test_a_file_whose_own_line_raises_is_one_line_naming_it(workbook, capsys, pl
                                        "run before its backward can be checked)\n")
 
 
+def test_col2im_with_i_and_j_swapped_is_not_said_to_write_over_the_overlaps(workbook):
+    """With a 3x3 kernel of stride 2 the pixels one window reads sit at i = j = 1, where
+    the swap is right too: that alone does not make it the = of the overlaps."""
+    paragraph = failure_of(workbook, "col2im", ("+= dwindows[..., i, j, :, :]",
+                                                "+= dwindows[..., j, i, :, :]"))
+    assert "i and j in the other order" in paragraph
+    assert "windows overlap" not in paragraph
+
+
 def test_hints_come_one_level_at_a_time_and_the_solution_after_an_attempt(workbook, capsys):
     assert command.main(["hint", "1", str(workbook)]) == 0
     assert command.main(["hint", "1", str(workbook)]) == 0

@@ -693,17 +693,34 @@ def _key_bias_is_zero(computed):
 
 
 def _overlaps(context, yours, library):
-    """col2im: right at the pixels one window reads, wrong where windows overlap."""
+    """col2im: each window's gradient written over the pixels (=), not added (+=): said
+    where yours is what that gives, and not on the strength of the pixels one window
+    reads alone being right (i and j swapped are right there too for a 3x3 kernel of
+    stride 2, whose single-read pixels sit at i = j = 1)."""
     layer = context.module
     counter = harness.Windows(col2im, layer.kernel, layer.stride, layer.padding)
     windows = counter.forward(xp.ones_like(context.x))
     reads = to_host(counter.backward(xp.ones_like(windows)))  # how many windows read each pixel
-    right = np.abs(yours - library) <= SAME * float(np.abs(library).max())
-    if (reads > 1).any() and right[reads == 1].all() and not right[reads > 1].all():
+    if not (reads > 1).any():
+        return []
+    over = harness.Windows(_written_over, layer.kernel, layer.stride, layer.padding)
+    over.forward(context.x)
+    written = to_host(over.backward(context.dout))
+    if np.abs(yours - written).max() <= SAME * float(np.abs(library).max()):
         return ["right at the pixels that one window reads, wrong where windows overlap: "
                 "each window's gradient is added into its pixels (+=), not written over "
                 "what the windows before it left there (=)"]
     return []
+
+
+def _written_over(dwindows, dxpad, stride):
+    """col2im with = for += (the mistake ``_overlaps`` names)."""
+    *_, kh, kw, Ho, Wo = dwindows.shape
+    sh, sw = stride
+    for i in range(kh):
+        for j in range(kw):
+            dxpad[..., i : i + sh * Ho : sh, j : j + sw * Wo : sw] = dwindows[..., i, j, :, :]
+    return dxpad
 
 
 # per exercise: (what breaks the invariant, why it holds)
