@@ -230,6 +230,19 @@ class ScaledBranch(Module):
         return dout + self.fc.backward(dout)
 
 
+class Halves(Module):
+    """y = 2 a + b for the halves a, b of the last axis; the backward joins the halves'
+    gradients along the first axis."""
+
+    def forward(self, x):
+        self.cache = x.shape[-1] // 2
+        return 2 * x[..., :self.cache] + x[..., self.cache:]
+
+    def backward(self, dout):
+        self._take_cache()
+        return xp.concatenate([2 * dout, dout], axis=0)
+
+
 class RenormalizingCrossEntropy(SoftmaxCrossEntropy):
     def backward(self, dout=1.0):
         log_probs, t = self._take_cache()
@@ -398,6 +411,16 @@ def test_a_backward_that_cannot_be_edited_says_so_rather_than_0_tried():
     assert "no edit was tried: no function the backward ran could be edited (a lambda, a " \
            "builtin, code typed at a prompt, or code the forward runs too)" in str(report)
     assert not report["input"].passed(1e-7)
+
+
+def test_arrays_joined_along_another_axis_are_joined_along_the_forwards():
+    with B.default_dtype("float64"):
+        report = gradient_check(Halves(), randn(3, 8))
+    change, = changes(report.fix)
+    assert [line.strip() for line in change.after] == [
+        "return xp.concatenate([2 * dout, dout], axis=-1)"]
+    assert ("along axis -1: the axis along which the forward took the arrays apart (or put "
+            "them together)") in str(report)
 
 
 def test_a_whole_arrays_sum_meant_per_row_gets_its_axis_and_keepdims_in_one_edit():

@@ -349,8 +349,11 @@ REASONS = {
                           else "this term is not part of the derivation"),
     "name": _name_reason,
     "transpose": _transpose_reason,
-    "axes": lambda edit: ("the axes in the order that undoes the forward's reshape and "
-                          "transpose, the last step of the forward undone first"),
+    "axes": lambda edit: (
+        f"along axis {edit.detail['now']}: the axis along which the forward took the arrays "
+        "apart (or put them together)" if edit.detail.get("what") == "join" else
+        "the axes in the order that undoes the forward's reshape and transpose, the last "
+        "step of the forward undone first"),
     "reduction": _reduction_reason,
     "factor": _factor_reason,
     "constant": lambda edit: f"{edit.detail['now']} where it says {edit.detail['was']}",

@@ -71,6 +71,7 @@ FAR = 1.5  # added to a rule's cost for its less likely proposals (a permutation
 #            or more axes, an axis a reduction rarely takes, an array as a factor)
 AXES = (0, 1, 2, 3, -1, -2, (0, 2, 3), (0, 1), (2, 3), (1, 2), None)
 FUNCTIONS = ("exp", "log", "sqrt", "tanh")  # xp's, applied to a name or taken off it
+JOINS = ("concatenate", "stack", "split", "array_split")  # xp's, along an axis= they are given
 BROADCAST = tuple(ast.parse(f"x[{index}]", mode="eval").body.slice  # a length-1 axis added
                   for index in (":, None", "None", "..., None"))
 MOST_PERMUTED = 6  # axes permuted in every order up to this many (720 orders)
@@ -540,6 +541,8 @@ class _Proposer:
         method = func.attr if isinstance(func, ast.Attribute) else None
         if method in ("sum", "mean"):
             self._reduction(node, slot, method)
+        elif method in JOINS:
+            self._join_axis(node, slot)
         elif method == "transpose" and len(node.args) >= 2:
             self._permutations(node, "args", "transpose")
         elif method == "reshape" and len(node.args) >= 2 and not any(
@@ -564,6 +567,18 @@ class _Proposer:
         if method in FUNCTIONS and len(node.args) == 1 or (
                 isinstance(func, ast.Name) and len(node.args) == 1 and not node.keywords):
             self.add("call", slot, node.args[0], what="removed", function=ast.unparse(func))
+
+    def _join_axis(self, node, slot):
+        """The axis arrays are joined along or split at (``axis=1`` for ``axis=-1``)."""
+        axis = [k for k in node.keywords if k.arg == "axis"]
+        current = constant(axis[0].value) if axis else None
+        others = [k for k in node.keywords if k.arg != "axis"]
+        for value in (-1, 0, 1, -2, 2):  # the last axis first: where features are joined
+            if value != current:
+                keyword = ast.keyword(arg="axis", value=number_node(value, node))
+                self.add("axes", slot, located(ast.Call(func=node.func, args=node.args,
+                                                        keywords=[*others, keyword]), node),
+                         extra=0.5, what="join", now=value, was=current)
 
     def _reduction(self, node, slot, method):
         other = "mean" if method == "sum" else "sum"
