@@ -313,7 +313,8 @@ def test_a_folder_this_user_may_not_write_is_one_line(stripes, tmp_path, capsys)
 @pytest.mark.parametrize("save, name, message", [
     ("save_model", "model.npz",
      "not a tinyvit training checkpoint, expected a meta entry (the run: its dataset and where "
-     "it stands), got a tinyvit model file (weights and the model's config, no run)"),
+     "it stands), got a tinyvit model file (weights and the model's config, no run: train from "
+     "it with --init)"),
     ("save_pretrained", "model.safetensors",
      "weights alone, not a training checkpoint: expected a run's best.npz or last.npz, which "
      "names its dataset (train from these weights with --init)"),

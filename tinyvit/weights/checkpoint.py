@@ -135,7 +135,8 @@ def read_meta(npz, run_config=None):
     and makes the run's config (``tinyvit.train`` passes its own: this floor does
     not know the trainer's TrainConfig)."""
     if "meta" not in npz.entries:
-        kind = ("a tinyvit model file (weights and the model's config, no run)"
+        kind = ("a tinyvit model file (weights and the model's config, no run: train from "
+                "it with --init)"
                 if "__config__" in npz.entries else
                 f"entries {sorted(npz.entries)[:5]}")
         raise CheckpointError(f"{npz.path}: not a tinyvit training checkpoint, expected a meta "
