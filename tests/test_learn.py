@@ -127,7 +127,7 @@ def test_code_changed_since_it_passed_is_said_by_status_and_the_training(workboo
         check_training(workbook)
     assert str(failed.value) == (
         f"exercise {TRAINING} trains on your layers that passed their checks, but the code of "
-        f"exercise(s) 1 changed since it passed: check it again first (python -m tinyvit.learn "
+        f"exercise(s) 1 changed since passing: check again first (python -m tinyvit.learn "
         f"check 1 {workbook})")
 
 

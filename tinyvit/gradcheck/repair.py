@@ -15,11 +15,12 @@ smallest correction that passes).
    the upstream gradient and the forward's output come out as they went in.
 4. No single edit: pairs (``_pairs``), the same mistake made twice first, then two edits
    that each brought the gradients closer, two cheap edits of one line, and a promising
-   edit with any other, until the time is up. A single edit of a statement that the
-   reference (the workbook's: the library's) writes the same way is kept aside where it
-   passes, and the search goes on: it makes up there for a mistake made elsewhere (dS
-   divided by Dh where dq and dk were each divided by the scale, not multiplied). A pair
-   that leaves such statements alone comes first; else the edit kept is the answer.
+   edit with any other, until the time is up. A single edit of a right statement (one the
+   reference, the workbook's library code, writes the same way, or one that gives its name
+   the value the reference's name of that spelling holds: ``right_values``) is kept aside
+   where it passes, and the search goes on: it makes up there for a mistake made elsewhere
+   (dAd divided by Dh where dq and dk were each divided by the scale, not multiplied). A
+   pair that leaves right statements alone comes first; else the edit kept is the answer.
 
 A fix is only returned once it passed; nothing is guessed.
 """

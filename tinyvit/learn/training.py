@@ -51,8 +51,8 @@ def check_training(folder):
     if changed:
         numbers = ", ".join(str(n) for n in changed)
         raise ExerciseFailed(f"exercise {TRAINING} trains on your layers that passed their "
-                             f"checks, but the code of exercise(s) {numbers} changed since it "
-                             f"passed: check it again first (python -m tinyvit.learn check "
+                             f"checks, but the code of exercise(s) {numbers} changed since "
+                             f"passing: check again first (python -m tinyvit.learn check "
                              f"{changed[0]} {folder})")
     if not passed:
         progress.record(TRAINING, "blank")
