@@ -176,6 +176,7 @@ def test_a_mistake_in_a_notebook_prints_the_staged_failure_and_draws_it(workbook
                            "differs from the library's")
     assert "the fix, found by trying" in said and "-> self.bias.grad += dout2.sum(axis=0)" in said
     assert "of your notebook's cell (MyLinear.backward):" in said
+    assert "; a hint: the cell hint(1, 1) below\n" in said  # the notebook's own hint cell
     picture = workbook / "ex01_linear.difference.png"
     assert said.endswith(f"The difference, drawn: {picture}\n") and picture.is_file()
     assert len(images(out)) == 1

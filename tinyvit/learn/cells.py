@@ -4,11 +4,12 @@ folder, the workbook, so progress, hints and pictures go where the ``.py`` files
     check(MyLinear)     the staged check; a failure is printed (the same paragraph as in
                         pytest) with the picture of your gradient minus the right one
     compare(MyLinear)   your gradients against the library's on the first case, a table
-    hint(1)             the next hint
+    hint(1, 2)          the hints of exercise 1 up to level 2 (of 3)
     where(1)            the ViT's block diagram with the exercise's layer highlighted
     train()             the training exercise, with its loss curves and gradient norms
 """
 
+import re
 from pathlib import Path
 
 from PIL import Image
@@ -23,8 +24,9 @@ def check(yours, exercise=None):
     """``tinyvit.learn.check``, its failure printed and its picture shown."""
     try:
         checking.check(yours, exercise)
-    except checking.ExerciseFailed as failure:
-        print(failure)
+    except checking.ExerciseFailed as failure:  # the hint is a cell of this notebook
+        print(re.sub(rf"{re.escape(checking.HINT_COMMAND)} (\d+)",
+                     r"the cell hint(\1, 1) below", str(failure)))
         if getattr(failure, "picture", None) is not None:
             _show(Image.open(failure.picture))
 

@@ -65,6 +65,7 @@ SAME = 1e-10  # yours and the library's agree to this, relative: rounding, in fl
 PROGRESS = ".learn-progress.json"  # in the workbook's folder
 CHECKED = ".learn-checked.json"  # beside it: a digest of each passing code
 MARKER = "learn.json"  # what makes a folder a workbook
+HINT_COMMAND = "python -m tinyvit.learn hint"  # where a failure sends the learner for a hint
 PACKAGE = Path(__file__).resolve().parent.parent  # tinyvit's own files, in a traceback
 
 
@@ -754,8 +755,7 @@ SPECIFIC = {"col2im": _overlaps}
 def _paragraph(ex, where, what, details=()):
     lines = [f"{where}: {what}"]
     lines += [f"    {d}" for d in details]
-    lines.append(f"The derivation: {derivation(ex.section)}; a hint: "
-                 f"python -m tinyvit.learn hint {ex.number}")
+    lines.append(f"The derivation: {derivation(ex.section)}; a hint: {HINT_COMMAND} {ex.number}")
     return "\n".join(lines)
 
 
