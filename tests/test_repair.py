@@ -243,6 +243,24 @@ class Halves(Module):
         return xp.concatenate([2 * dout, dout], axis=0)
 
 
+class RowSummedBias(Module):
+    """y = x + b; the backward sums the bias's gradient over the features, not the rows,
+    and the += raises: (5,) does not fit (8,)."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.b = Parameter(randn(dim, seed=9))
+
+    def forward(self, x):
+        self.cache = x.shape
+        return x + self.b.data
+
+    def backward(self, dout):
+        self._take_cache()
+        self.b.grad += dout.sum(axis=1)
+        return dout
+
+
 class RenormalizingCrossEntropy(SoftmaxCrossEntropy):
     def backward(self, dout=1.0):
         log_probs, t = self._take_cache()
@@ -535,6 +553,19 @@ def test_a_backward_that_raises_is_searched_at_the_line_that_raised_and_its_call
     # the gradient's shape
     assert proposed == {"ViT.backward", "ClassAttentionBlock.backward", "Residual.backward",
                         "Sequential.backward", "Linear.backward"}
+
+
+def test_a_backward_that_raises_is_reported_with_its_line_and_searched():
+    with B.default_dtype("float64"):
+        report = gradient_check(RowSummedBias(8), randn(5, 8))
+    line = line_of(RowSummedBias.backward, "self.b.grad += dout.sum(axis=1)")
+    assert [c.problem for c in report.checks] == [
+        "the backward raised ValueError: operands could not be broadcast together with "
+        "shapes (8,) (5,) (8,) at line "
+        f"{line} of tests/{HERE}: self.b.grad += dout.sum(axis=1)"] * 2
+    change, = changes(report.fix)
+    assert [text.strip() for text in change.after] == ["self.b.grad += dout.sum(axis=0)"]
+    assert not report.passed and "FAIL" in str(report)
 
 
 def test_the_search_keeps_to_its_time_and_then_measures():

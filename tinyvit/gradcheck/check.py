@@ -31,13 +31,17 @@ each failing tensor is diagnosed in the layer's own terms (``diagnose.py``).
 import dataclasses
 import itertools
 import math
+import traceback
+from pathlib import Path
 
 from ..backend import get_backend, is_array, xp
 from ..backend import rng as device_rng
 from ..checks import check_array
+from .answer import shown
 from .diagnose import Context, diagnose
 from .repair import BUDGET, Probe, search, within_rounding
 from .report import GradCheckReport
+from .trace import LIBRARIES
 
 DOUT_STREAM = 1  # dout is drawn from rng((seed, DOUT_STREAM))
 ACCUMULATION_TOL = 1e-12  # a second backward doubles a gradient to rounding
@@ -101,7 +105,8 @@ def gradient_check(module, x, *args, h=1e-5, seed=0, before_forward=None, wrt_in
     ``repair.py``). Returns a ``GradCheckReport``: a tensor passes when its relative
     error is at most ``tol``, or where its worst difference is within the rounding its
     numeric gradient was measured to carry (``measured``) and the two agree to 1e-4
-    (``repair.within_rounding``); call ``.assert_ok()`` on it in tests.
+    (``repair.within_rounding``); call ``.assert_ok()`` on it in tests. A backward that
+    raises fails every tensor with what it raised and the line, and is searched as well.
     """
     check_float64(module, x)
 
@@ -121,7 +126,11 @@ def gradient_check(module, x, *args, h=1e-5, seed=0, before_forward=None, wrt_in
 
     module.zero_grad()
     forward()
-    dx = module.backward(dout)
+    try:
+        dx = module.backward(dout)
+    except Exception as error:  # said, and searched, as any wrong backward is
+        return raised_report(error, module, forward, loss, dout, x, wrt_input, h, tol, repair,
+                             expected)
     tensors = [("input", x, dx)] if wrt_input else []
     tensors += [(name, p.data, p.grad.copy()) for name, p in module.named_parameters()]
     forward()
@@ -144,6 +153,29 @@ def gradient_check(module, x, *args, h=1e-5, seed=0, before_forward=None, wrt_in
     for check, (name, _, analytic) in zip(checks, tensors):
         if not check.passed(tol):
             check.findings = diagnose(check, analytic, right[name], context, tol)
+    return GradCheckReport(checks, h, tol, module, found)
+
+
+def raised_report(error, module, forward, loss, dout, x, wrt_input, h, tol, repair,
+                  expected=None):
+    """The report of a backward that raised: every tensor failing with what it raised and
+    the line it came from (the last outside Python's libraries), against central
+    differences (or ``expected``), and the search for the edit that makes it run and be
+    right."""
+    frames = [f for f in traceback.extract_tb(error.__traceback__)
+              if not any(Path(f.filename).resolve().is_relative_to(library)
+                         for library in LIBRARIES)]
+    at = f" at line {frames[-1].lineno} of {shown(frames[-1].filename)}: " \
+         f"{frames[-1].line}" if frames else ""
+    message = " ".join(str(error).split())
+    problem = f"the backward raised {type(error).__name__}: {message}{at}"
+    tensors = [("input", x)] if wrt_input else []
+    tensors += [(name, p.data) for name, p in module.named_parameters()]
+    right = {name: numeric_gradient(loss, value, h) if expected is None else expected[name]
+             for name, value in tensors}
+    checks = [TensorCheck(name, tuple(right[name].shape), math.inf, (), math.nan, math.nan,
+                          findings=[problem], problem=problem) for name, _ in tensors]
+    found = search(Probe(module, forward, dout), right, tol, budget=repair) if repair else None
     return GradCheckReport(checks, h, tol, module, found)
 
 

@@ -208,6 +208,8 @@ def _check_case(ex, yours, case, where):
     except Exception as error:  # a second run of the learner's layer, or its forward after it
         raise ExerciseFailed(_paragraph(ex, where, _after(error), _fix(repair))) from None
     for c in report.checks:
+        if c.problem is not None:  # the backward raised, in this run alone
+            raise ExerciseFailed(_paragraph(ex, where, c.problem, report._repair()))
         if not c.passed(TOL):
             raise ExerciseFailed(_paragraph(
                 ex, where, f"{_tensor(c.name)} disagrees with central differences (rel_err "
