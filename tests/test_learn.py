@@ -294,6 +294,15 @@ def test_a_file_whose_own_line_raises_is_one_line_naming_it(workbook, capsys, pl
                                        "run before its backward can be checked)\n")
 
 
+def test_a_name_for_another_is_explained_by_the_forward_line_of_the_step(workbook):
+    """drstd from xhat where xmu is meant: the forward line that reads xmu and rstd both,
+    not the first that reads xmu (var = ...)."""
+    paragraph = failure_of(workbook, "layernorm_steps", (
+        "drstd = (dxhat * xmu).sum(axis=-1, keepdims=True)",
+        "drstd = (dxhat * xhat).sum(axis=-1, keepdims=True)"))
+    assert "xmu, not xhat, is what the forward used here (xhat = xmu * rstd)" in paragraph
+
+
 def test_col2im_with_i_and_j_swapped_is_not_said_to_write_over_the_overlaps(workbook):
     """With a 3x3 kernel of stride 2 the pixels one window reads sit at i = j = 1, where
     the swap is right too: that alone does not make it the = of the overlaps."""

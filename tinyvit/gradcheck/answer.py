@@ -239,13 +239,26 @@ def _name_reason(edit):
 
 def _where_used(edit, name):
     """A line of the layer's forward (or of the function) that reads ``name``'s value in
-    its own terms: ctx = Ad @ v for Ad."""
+    its own terms: ctx = Ad @ v for Ad. Where the edited line computes the gradient of a
+    value (``drstd = ...``, of rstd), the line that reads both comes first: xhat = xmu * rstd
+    for xmu, not var = (xmu * xmu).mean(...)."""
+    found = []
     for tree in _forward_trees(edit):
         for statement in ast.walk(tree):
             if isinstance(statement, (ast.Assign, ast.Return)) and statement.value is not None:
-                if any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(
-                        statement.value)) and not _is_cache(statement):
-                    return _one_line(statement)
+                read = {n.id for n in ast.walk(statement.value) if isinstance(n, ast.Name)}
+                if name in read and not _is_cache(statement):
+                    found.append((read, statement))
+    target = _gradient_of(edit.statement)
+    found.sort(key=lambda item: target not in item[0])  # stable: else in the forward's order
+    return _one_line(found[0][1]) if found else None
+
+
+def _gradient_of(statement):
+    """``rstd`` for a statement ``drstd = ...``: the value whose gradient it computes."""
+    targets = getattr(statement, "targets", [])
+    if len(targets) == 1 and isinstance(targets[0], ast.Name) and targets[0].id.startswith("d"):
+        return targets[0].id[1:]
     return None
 
 
