@@ -19,7 +19,7 @@ from tinyvit.viz.canvas import (
     colormap,
     nice_ticks,
 )
-from tinyvit.viz.charts import Panel, Series, line_chart
+from tinyvit.viz.charts import Panel, Series, line_chart, whole_steps
 from tinyvit.viz.images import image_grid, overlay, save_panels
 from tinyvit.viz.matrices import heatmap, heatmap_grid
 
@@ -153,6 +153,17 @@ def curves():
                 [Series("train", epochs, 1 - loss / 3),
                  Series("test", epochs, 0.97 - loss / 3)]),
     ]
+
+
+@pytest.mark.parametrize("xs, ticks", [
+    ([1, 2, 3], [1.0, 2.0, 3.0]),  # nice_ticks gives 1.5 and 2.5 between: no epoch is there
+    ([1], [0.0, 1.0, 2.0]),
+    ([1, 18], [0.0, 5.0, 10.0, 15.0, 20.0]),  # a step of 1 or more already
+    ([0.5, 1.5], [0.4, 0.6, 0.8, 1.0, 1.2, 1.4, 1.6]),  # not whole numbers: as they were
+])
+def test_ticks_of_whole_numbers_are_whole_steps_apart(xs, ticks):
+    values = np.array(xs, dtype=float)
+    assert whole_steps(nice_ticks(values.min(), values.max()), [values]) == ticks
 
 
 def test_line_chart_draws_panels_side_by_side(tmp_path):

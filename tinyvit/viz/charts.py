@@ -5,6 +5,7 @@ its axes, round ticks and a legend placed where it covers the fewest points.
 
 Training draws its loss and accuracy curves here, the workbook its training exercise."""
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -106,7 +107,7 @@ def _draw_panel(img, box, panel):
     """Title, axes, gridlines, series and legend of one panel inside box = (x0, y0, x1, y1)."""
     x0, y0, x1, y1 = box
     points = [s.finite() for s in panel.series]
-    xticks = nice_ticks(*_span([xs for xs, _ in points]))
+    xticks = whole_steps(nice_ticks(*_span([xs for xs, _ in points])), [xs for xs, _ in points])
     yticks = nice_ticks(*_span([ys for _, ys in points]))
     xlim, ylim = _limits(xticks), _limits(yticks)
     tick, label = _font(TICK), _font(LABEL)
@@ -137,6 +138,15 @@ def _limits(ticks):
     frame."""
     pad = 0.03 * (ticks[-1] - ticks[0])
     return ticks[0] - pad, ticks[-1] + pad
+
+
+def whole_steps(ticks, arrays):
+    """``ticks`` a step of 1 apart at least where every value of ``arrays`` is a whole number
+    (epochs): 1, 2, 3, not 1.5 and 2.5 between them, where no point can be."""
+    values = np.concatenate(list(arrays) + [np.empty(0)])
+    if len(ticks) < 2 or ticks[1] - ticks[0] >= 1 or not np.all(values == np.round(values)):
+        return ticks
+    return [float(t) for t in range(math.floor(ticks[0]), math.ceil(ticks[-1]) + 1)]
 
 
 def _span(arrays):
