@@ -45,6 +45,15 @@ def check_array(x, where, what):
         raise ValueError(f"{where}: expected {what}, got {type_name(x)}")
 
 
+def check_gradient_shape(dout, where, name, what, shape):
+    """A ValueError unless the upstream gradient ``dout`` (called ``name``) is an array of
+    ``shape``, which is ``what`` ("the output's shape"): "<where>: expected <name> of
+    <what> <shape>, got <its shape>"."""
+    check_array(dout, where, f"{name}, an array of {what} {shape}")
+    if tuple(dout.shape) != tuple(shape):
+        raise ValueError(f"{where}: expected {name} of {what} {shape}, got {tuple(dout.shape)}")
+
+
 def check_fields(config, names, valid, expected):
     """A ValueError naming the first field of ``config`` in ``names`` whose value is
     not ``valid``: "<name> must be <expected>, got <value>"."""

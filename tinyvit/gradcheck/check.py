@@ -32,7 +32,6 @@ import dataclasses
 import itertools
 import math
 import traceback
-from pathlib import Path
 
 from ..backend import get_backend, is_array, xp
 from ..backend import rng as device_rng
@@ -41,7 +40,7 @@ from .answer import shown
 from .diagnose import Context, diagnose
 from .repair import BUDGET, Probe, search, within_rounding
 from .report import GradCheckReport
-from .trace import LIBRARIES
+from .trace import in_libraries
 
 DOUT_STREAM = 1  # dout is drawn from rng((seed, DOUT_STREAM))
 ACCUMULATION_TOL = 1e-12  # a second backward doubles a gradient to rounding
@@ -163,8 +162,7 @@ def raised_report(error, module, forward, loss, dout, x, wrt_input, h, tol, repa
     differences (or ``expected``), and the search for the edit that makes it run and be
     right."""
     frames = [f for f in traceback.extract_tb(error.__traceback__)
-              if not any(Path(f.filename).resolve().is_relative_to(library)
-                         for library in LIBRARIES)]
+              if not in_libraries(f.filename)]
     at = f" at line {frames[-1].lineno} of {shown(frames[-1].filename)}: " \
          f"{frames[-1].line}" if frames else ""
     message = " ".join(str(error).split())

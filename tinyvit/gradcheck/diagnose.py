@@ -218,13 +218,13 @@ def _named(name, context):
     return found
 
 
-
 def _inverse(name):
     """1/name as it reads: "1/(1-p)" gives "(1-p)", not "1/1/(1-p)"; "1 - p" gives
     "1/(1 - p)"."""
     if name.startswith("1/"):
         return name[2:]
     return f"1/({name})" if any(c in name for c in " +-*/") else f"1/{name}"
+
 
 def _which(n, batch, counts):
     """What n values are, where the input says: its rows, or a count along some axes."""

@@ -35,6 +35,13 @@ def in_tinyvit(filename):
     return Path(filename).resolve().is_relative_to(PACKAGE)
 
 
+@functools.lru_cache(maxsize=None)
+def in_libraries(filename):
+    """Whether ``filename`` is in Python's libraries (its standard library, NumPy's)."""
+    path = Path(filename).resolve()
+    return any(path.is_relative_to(library) for library in LIBRARIES)
+
+
 def editable_code(code, own_only):
     """Whether ``code`` is a function the search may edit: the user's own (any file outside
     Python's libraries), or tinyvit's math unless ``own_only``."""
@@ -46,7 +53,7 @@ def editable_code(code, own_only):
         inside = path.relative_to(PACKAGE).as_posix()
         return (not own_only and inside not in UNCHECKED
                 and any(inside == m or inside.startswith(m + "/") for m in MATH))
-    return not any(path.is_relative_to(library) for library in LIBRARIES)
+    return not in_libraries(filename)
 
 
 @dataclasses.dataclass

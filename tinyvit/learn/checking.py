@@ -55,7 +55,7 @@ from ..gradcheck.check import compare, doubled
 from ..gradcheck.diagnose import Context, diagnose
 from ..gradcheck.repair import Probe, measure, search
 from ..gradcheck.source import NotEditable, Source
-from ..gradcheck.trace import LIBRARIES, trace
+from ..gradcheck.trace import in_libraries, in_tinyvit, trace
 from ..nn.conv import col2im
 from . import harness, pictures
 from .exercises import EXERCISES, by_name, derivation
@@ -66,7 +66,6 @@ PROGRESS = ".learn-progress.json"  # in the workbook's folder
 CHECKED = ".learn-checked.json"  # beside it: a digest of each passing code
 MARKER = "learn.json"  # what makes a folder a workbook
 HINT_COMMAND = "python -m tinyvit.learn hint"  # where a failure sends the learner for a hint
-PACKAGE = Path(__file__).resolve().parent.parent  # tinyvit's own files, in a traceback
 
 
 class ExerciseFailed(AssertionError):
@@ -784,9 +783,7 @@ def _learners_frames(error):
     """The frames of the learner's own code: neither tinyvit's nor a library's (NumPy's
     ``xp.diag`` raised at a line of NumPy's file, which named it)."""
     return [f for f in traceback.extract_tb(error.__traceback__)
-            if not Path(f.filename).resolve().is_relative_to(PACKAGE)
-            and not any(Path(f.filename).resolve().is_relative_to(library)
-                        for library in LIBRARIES)]
+            if not in_tinyvit(f.filename) and not in_libraries(f.filename)]
 
 
 def _raised(error):

@@ -16,7 +16,7 @@ be compared key by key with PyTorch implementations (see ``state_dict``).
 """
 
 from ..backend import float_dtype, host_rng, to_device, to_host, xp
-from ..checks import check_array, check_images
+from ..checks import check_gradient_shape, check_images
 from ..nn.init import trunc_normal
 from ..nn.layers import (
     Block,
@@ -106,10 +106,7 @@ class ViT(Module):
         if self.cache is None:
             return  # _take_cache says so
         logits = (self.cache[0], self.config.num_classes)  # (B, K)
-        check_array(dlogits, "ViT.backward", f"dlogits, an array of the logits' shape {logits}")
-        if tuple(dlogits.shape) != logits:
-            raise ValueError(f"ViT.backward: expected dlogits of the logits' shape {logits}, "
-                             f"got {tuple(dlogits.shape)}")
+        check_gradient_shape(dlogits, "ViT.backward", "dlogits", "the logits' shape", logits)
 
     def forward(self, images):
         self.check_input(images)

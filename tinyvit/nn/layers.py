@@ -21,7 +21,7 @@ import math
 
 from ..backend import float_dtype, host_rng, xp
 from ..backend import rng as device_rng
-from ..checks import check_array, check_float
+from ..checks import check_array, check_float, check_gradient_shape
 from .functional import (
     column_sum,
     normal_cdf,
@@ -207,10 +207,7 @@ class LayerNorm(Module):
         if self.cache is None:
             return  # _take_cache says so
         shape = self.cache[0].shape  # xhat's, the output's
-        check_array(dout, "LayerNorm.backward", f"dout, an array of the output's shape {shape}")
-        if dout.shape != shape:
-            raise ValueError(f"LayerNorm.backward: expected dout of the output's shape {shape}, "
-                             f"got {tuple(dout.shape)}")
+        check_gradient_shape(dout, "LayerNorm.backward", "dout", "the output's shape", shape)
 
     def forward(self, x):
         self.check_input(x)
