@@ -62,7 +62,7 @@ def test_each_notebook_is_its_exercise_with_its_section_of_the_derivations(workb
         source = ["".join(c["source"]) for c in cells(path)]
         assert "".join(tagged(path, "answer")["source"]) == answer(ex).rstrip("\n")
         assert source[0].startswith(f"# Exercise {ex.number} of 24: {ex.title}")
-        derivation = notebook._without_code(derivation_text(ex.section), ex.number)
+        derivation = notebook._without_code(derivation_text(ex.section), ex)
         assert notebook._local(derivation).rstrip("\n") in source
         assert f"check({ex.yours})" in source and f"hint({ex.number}, 1)" in source
         assert f"compare({ex.yours})" in source and f"where({ex.number})  #" in source[2]
@@ -84,6 +84,10 @@ def test_no_notebook_shows_the_librarys_backward_above_the_blank(workbook):
     path = workbook / by_name("attention_core").notebook
     core = "".join("".join(c["source"]) for c in cells(path))
     assert "dS.transpose(0, 1, 3, 2) @ q" not in core
+    softmax = "".join("".join(c["source"]) for c in cells(workbook / by_name("softmax").notebook)
+                      if c["cell_type"] == "markdown")
+    assert "(dA * A).sum(axis=-1, keepdims=True)" not in softmax  # said in a sentence, as code
+    assert "(code left out)" in softmax
     assert ("*(The library's code for this step is left out here: it is the answer. After an "
             "attempt that ran, `python -m tinyvit.learn solution 12` shows it.)*") in core
 

@@ -16,6 +16,7 @@ import textwrap
 
 from . import pictures
 from .exercises import EXERCISES, TRAINING, derivation_text
+from .solution import solution
 from .workbook import TOTAL, TRAINING_FILE, answer, heading, imports
 
 NBFORMAT = {"nbformat": 4, "nbformat_minor": 5}
@@ -43,7 +44,7 @@ def exercise_notebook(ex):
         _code("from tinyvit.learn.cells import check, compare, hint, where\n" + imports(ex),
               "setup"),
         _code(f"where({ex.number})  # where the layer sits in the ViT, and its shapes"),
-        _markdown(_local(_without_code(derivation_text(ex.section), ex.number))),
+        _markdown(_local(_without_code(derivation_text(ex.section), ex))),
         _markdown("## The forward, given\n\nAs tinyvit computes it "
                   f"(`{ex.forward.__module__}.{getattr(ex.forward, '__qualname__', '')}`):"
                   f"\n\n```python\n{_source(ex.forward)}```"),
@@ -111,14 +112,27 @@ def _local(markdown):
 
 
 CODE = re.compile(r"^```python\n.*?^```\n", re.MULTILINE | re.DOTALL)
+INLINE = re.compile(r"(?<!`)`([^`\n]+)`(?!`)")  # `code` in a sentence
+ASSIGNED = re.compile(r"^\w+ \+?= ")  # "dS = ": the name a formula is given
+SHORTEST = 12  # shorter inline code is a name or a call (`dout`, `xp.exp`), not an answer
 
 
-def _without_code(markdown, number):
-    """The derivation with its blocks of the library's code left out: they are the
-    answer, which the workbook keeps until an attempt has run."""
-    return CODE.sub(f"*(The library's code for this step is left out here: it is the answer. "
-                    f"After an attempt that ran, `python -m tinyvit.learn solution {number}` "
-                    "shows it.)*\n", markdown)
+def _without_code(markdown, ex):
+    """The derivation with the library's code for exercise ``ex`` left out: its blocks of
+    code, and the code in its sentences that is a piece of ``solution(ex)`` (the softmax's
+    `A * (dA - ...)`, a transpose's axes). They are the answer, which the workbook keeps
+    until an attempt has run."""
+    code = "".join(solution(ex).split())
+
+    def said(match):
+        text = ASSIGNED.sub("", match.group(1))
+        answer = len(text) >= SHORTEST and "".join(text.split()) in code
+        return "(code left out)" if answer else match.group(0)
+
+    return INLINE.sub(said, CODE.sub(
+        f"*(The library's code for this step is left out here: it is the answer. After an "
+        f"attempt that ran, `python -m tinyvit.learn solution {ex.number}` shows it.)*\n",
+        markdown))
 
 
 def _source(obj):
