@@ -99,7 +99,8 @@ def test_the_softmax_backward_without_its_row_sum_term(monkeypatch):
         "the key bias's gradient must be exactly zero (it adds the same q.b to every score of a "
         "row, and each row of dS sums to zero) but reaches ")
     assert invariant.endswith(
-        ": the softmax backward lacks its row-sum term, dS = A * (dA - sum_j dA_j A_j)")
+        ": dq is wrong too, so the mistake is in dS, which both use (the softmax backward's "
+        "row-sum term, dS = A * (dA - sum_j dA_j A_j)), or in the formulas of dq and dk both")
 
 
 def test_the_key_gradient_without_its_transpose(monkeypatch):
@@ -115,6 +116,22 @@ def test_the_key_gradient_without_its_transpose(monkeypatch):
     assert found["qkv.bias"][-1].endswith(
         ": dq, which uses the same dS, is right, so dS is: dk's own formula is wrong, "
         "dk = dS^T q scale")
+
+
+def test_the_key_gradient_without_its_transpose_and_the_scale_forgotten(monkeypatch):
+    def attend_backward(self, dctx):  # dq off by sqrt(Dh) alone: dS is still right
+        q, k, v, A, Ad = self._take_cache()
+        dA = dctx @ v.transpose(0, 1, 3, 2)
+        dS = A * (dA - (dA * A).sum(axis=-1, keepdims=True))
+        return dS @ k, dS @ q, Ad.transpose(0, 1, 3, 2) @ dctx
+
+    found = check_attention(monkeypatch, attend_backward)
+    assert found["qkv.bias"][0] == (
+        "q entries, every head: computed/expected = 2 = sqrt(Dh), Dh = 4 (the 1/sqrt(Dh) scale "
+        "of the scores is missing in the backward, or a factor of 2 too many)")
+    assert found["qkv.bias"][-1].endswith(
+        ": dq, which uses the same dS, is right but for a constant factor, so dS is: dk's own "
+        "formula is wrong, dk = dS^T q scale")
 
 
 def test_a_loss_gradient_whose_rows_do_not_sum_to_zero(monkeypatch):

@@ -297,17 +297,16 @@ def _qkv_parts(name, computed, expected, attention, tol):
     NH heads of Dh rows: which part and which heads are wrong, and how."""
     NH, Dh = attention.num_heads, attention.head_dim
     scale = max(np.abs(computed).max(), np.abs(expected).max())
-    findings = []
+    findings, verdicts = [], {}
     for p, part in enumerate("qkv"):
-        verdicts = []
+        verdicts[part] = []
         for h in range(NH):
             rows = slice((p * NH + h) * Dh, (p * NH + h + 1) * Dh)
-            verdicts.append(_verdict(computed[rows], expected[rows], tol * scale, Dh))
+            verdicts[part].append(_verdict(computed[rows], expected[rows], tol * scale, Dh))
         findings.append(f"{part} {'rows' if computed.ndim == 2 else 'entries'}, "
-                        f"{_by_head(verdicts)}")
+                        f"{_by_head(verdicts[part])}")
     if name.endswith("qkv.bias"):
-        q_right = findings[0] == "q entries, every head: right"
-        findings += _key_bias_is_zero(computed[NH * Dh:2 * NH * Dh], expected, q_right)
+        findings += _key_bias_is_zero(computed[NH * Dh:2 * NH * Dh], expected, verdicts["q"])
     return findings
 
 
@@ -331,19 +330,28 @@ def _by_head(verdicts):
     return "; ".join(f"head {h}: {v}" for h, v in enumerate(verdicts))
 
 
-def _key_bias_is_zero(key_bias, expected, q_right):
+def _key_bias_is_zero(key_bias, expected, q_verdicts):
     """The key bias adds the same q . b_k to every score of a row, and each row of
     the softmax's input gradient dS sums to zero, so its gradient is exactly zero.
-    With the query's gradient right, dS = dq / (k scale) is right too, and the
-    mistake is in dk's own formula."""
+    With the query's gradient right, or right in every head but for a constant factor
+    (a scale), dS = dq / (k scale) is right too, and the mistake is in dk's own formula;
+    with dq wrong otherwise, dS or both formulas may be."""
     size = np.abs(key_bias).max()
     if size <= CLOSE * max(np.abs(expected).max(), 1e-300):
         return []
-    cause = ("dq, which uses the same dS, is right, so dS is: dk's own formula is wrong, "
-             "dk = dS^T q scale" if q_right else
-             "the softmax backward lacks its row-sum term, dS = A * (dA - sum_j dA_j A_j)")
-    return [f"the key bias's gradient must be exactly zero (it adds the same q.b to every score "
-            f"of a row, and each row of dS sums to zero) but reaches {size:.3g}: {cause}"]
+    if all(v == "right" for v in q_verdicts):
+        cause = "dq, which uses the same dS, is right, so dS is"
+    elif all(v == "right" or v.startswith("computed/expected") for v in q_verdicts):
+        cause = "dq, which uses the same dS, is right but for a constant factor, so dS is"
+    else:
+        return [f"{KEY_BIAS} {size:.3g}: dq is wrong too, so the mistake is in dS, which both "
+                f"use (the softmax backward's row-sum term, dS = A * (dA - sum_j dA_j A_j)), "
+                f"or in the formulas of dq and dk both"]
+    return [f"{KEY_BIAS} {size:.3g}: {cause}: dk's own formula is wrong, dk = dS^T q scale"]
+
+
+KEY_BIAS = ("the key bias's gradient must be exactly zero (it adds the same q.b to every score "
+            "of a row, and each row of dS sums to zero) but reaches")
 
 
 def _rows_and_columns(computed, expected, tol):
