@@ -7,6 +7,7 @@ import pytest
 from conftest import jitter, randn
 from tinyvit import backend as B
 from tinyvit.gradcheck import gradient_check, seeded_dropout
+from tinyvit.gradcheck.answer import changes
 from tinyvit.models import ViT
 from tinyvit.nn import layers
 from tinyvit.nn.functional import normal_cdf
@@ -74,6 +75,23 @@ def test_a_weight_gradient_wrong_in_one_output_row(monkeypatch):
 
     found = check_linear(monkeypatch, linear_backward(weight_gradient, lambda dy: dy.sum(axis=0)))
     assert found == {"weight": ["wrong in whole rows 2 (output units), right in the others"]}
+
+
+def test_an_upstream_gradient_changed_in_place_is_said_and_not_taken_for_a_ratio(monkeypatch):
+    def backward(self, dout):  # right values, but dout doubled in its caller's array
+        y = self._take_cache()
+        dout *= 2
+        return 0.5 * dout * (1.0 - y * y)
+
+    monkeypatch.setattr(layers.Tanh, "backward", backward)
+    report = gradient_check(layers.Tanh(), randn(3, 4))
+    assert report["input"].rel_err < 1e-9  # measured against dout as it was drawn
+    assert failures(report) == {"input": [
+        "the backward changes its upstream gradient in place (dout, or a name for the same "
+        "array, with *=, -=, += or a slice written): dout is its caller's too; compute into an "
+        "array of your own"]}
+    assert [(c.before[0].strip(), c.after[0].strip()) for c in changes(report.fix)] == [
+        ("dout *= 2", "dout = dout * 2")]
 
 
 def check_attention(monkeypatch, attend_backward):

@@ -103,6 +103,12 @@ class DroppingTanh(layers.Tanh):
         return dout * (1.0 - y)  # the dropout's backward forgotten, and y^2 taken for y
 
 
+class TransposedTanh(layers.Tanh):
+    def backward(self, dout):
+        y = self._take_cache()
+        return dout * (1.0 - y * y).T  # a transpose on an elementwise factor
+
+
 class InPlaceTanh(layers.Tanh):
     def backward(self, dout):
         y = self._take_cache()
@@ -340,6 +346,18 @@ def test_a_layer_that_calls_itself_another_name_than_self_is_searched_the_same()
         "        return dout * g + dz @ this.w.data  # W where W^T is meant",
         "     -> return dout * g + dz @ this.w.data.T  # W where W^T is meant",
         "  by the matmul rule, Y = X Z gives dX = dY Z^T and dZ = X^T dY"]
+
+
+def test_a_transpose_outside_a_matrix_product_is_not_explained_by_the_matmul_rule():
+    with B.default_dtype("float64"):
+        report = gradient_check(TransposedTanh(), randn(6, 6))  # square: the .T runs
+    line = line_of(TransposedTanh.backward, "return dout * (1.0 - y * y).T")
+    assert fix_lines(report) == [
+        f"  line {line} of tests/{HERE} (TransposedTanh.backward):",
+        "        return dout * (1.0 - y * y).T  # a transpose on an elementwise factor",
+        "     -> return dout * (1.0 - y * y)  # a transpose on an elementwise factor",
+        "  no transpose here: the matmul rule transposes a matrix product's operands (Y = X Z "
+        "gives dX = dY Z^T); elsewhere each entry stays where it is"]
 
 
 def test_the_layer_a_function_runs_as_a_method_of_is_its_first_parameter_by_any_name():

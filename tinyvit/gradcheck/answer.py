@@ -325,6 +325,11 @@ def _transpose_reason(edit):
     if edit.detail.get("what") == "swapped":
         return ("the operands in the order of the matmul rule: Y = X Z gives dX = dY Z^T "
                 "and dZ = X^T dY")
+    parent = edit.slots[0][0]
+    if edit.detail.get("what") == "untransposed" and not (
+            isinstance(parent, ast.BinOp) and isinstance(parent.op, ast.MatMult)):
+        return ("no transpose here: the matmul rule transposes a matrix product's operands "
+                "(Y = X Z gives dX = dY Z^T); elsewhere each entry stays where it is")
     return "by the matmul rule, Y = X Z gives dX = dY Z^T and dZ = X^T dY"
 
 

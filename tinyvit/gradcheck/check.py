@@ -23,9 +23,12 @@ fails (``measured``): Richardson's extrapolation takes the truncation away, and 
 difference within the rounding its differences carry, itself measured, passes where
 the two agree to 1e-4. A second backward, without ``zero_grad``, must
 double every parameter's gradient: gradients accumulate (``+=``), so that the
-gradients of residual branches and shared layers add up. When a tensor fails
-either, edits of the backward's code are searched for the fix (``repair.py``), and
-each failing tensor is diagnosed in the layer's own terms (``diagnose.py``).
+gradients of residual branches and shared layers add up. The backward must leave ``dout``
+as it came, for its caller reads it too: it gets a copy (so that the differences are
+measured against the ``dout`` drawn), and a copy it changed fails the check. When a
+tensor fails any of these, edits of the backward's code are searched for the fix
+(``repair.py``), and each failing tensor is diagnosed in the layer's own terms
+(``diagnose.py``).
 """
 
 import dataclasses
@@ -60,13 +63,15 @@ class TensorCheck:
     analytic: float  # both values at that index
     numeric: float
     accumulates: bool = True  # a second backward added to the first
+    leaves_upstream: bool = True  # the backward left its upstream gradient as it came
     findings: list = dataclasses.field(default_factory=list)  # what is wrong, if anything
     problem: str = None  # a gradient of another type, shape or dtype, or not finite
     noise: float = 0.0  # the error the numeric gradient may carry from rounding (absolute)
 
     def passed(self, tol):
         rounded = within_rounding(abs(self.analytic - self.numeric), self.rel_err, self.noise)
-        return self.problem is None and self.accumulates and (self.rel_err <= tol or rounded)
+        return self.problem is None and self.accumulates and self.leaves_upstream and (
+            self.rel_err <= tol or rounded)
 
     def within_noise(self):
         """Whether the worst difference is one the numeric gradient's rounding can make:
@@ -125,15 +130,16 @@ def gradient_check(module, x, *args, h=1e-5, seed=0, before_forward=None, wrt_in
 
     module.zero_grad()
     forward()
+    given = own_copy(dout)  # the backward's own: dout stays as drawn, for the differences
     try:
-        dx = module.backward(dout)
+        dx = module.backward(given)
     except Exception as error:  # said, and searched, as any wrong backward is
         return raised_report(error, module, forward, loss, dout, x, wrt_input, h, tol, repair,
                              expected)
     tensors = [("input", x, dx)] if wrt_input else []
     tensors += [(name, p.data, p.grad.copy()) for name, p in module.named_parameters()]
     forward()
-    module.backward(dout)  # again, without zero_grad: every gradient must double
+    module.backward(own_copy(dout))  # again, without zero_grad: every gradient must double
     twice = {name: p.grad for name, p in module.named_parameters()}
     right, checks = {}, []
     for name, value, analytic in tensors:
@@ -144,6 +150,8 @@ def gradient_check(module, x, *args, h=1e-5, seed=0, before_forward=None, wrt_in
         check.accumulates = name == "input" or check.problem is not None or doubled(
             twice[name], analytic)
         checks.append(check)
+    if checks and is_array(dout):
+        checks[0].leaves_upstream = bool((given == dout).all())
     found = None
     if repair and not all(c.passed(tol) for c in checks):
         found = search(Probe(module, forward, dout), right, tol, budget=repair,
@@ -153,6 +161,11 @@ def gradient_check(module, x, *args, h=1e-5, seed=0, before_forward=None, wrt_in
         if not check.passed(tol):
             check.findings = diagnose(check, analytic, right[name], context, tol)
     return GradCheckReport(checks, h, tol, module, found)
+
+
+def own_copy(dout):
+    """A copy of an upstream gradient for one backward (a number is one already)."""
+    return dout.copy() if is_array(dout) else dout
 
 
 def raised_report(error, module, forward, loss, dout, x, wrt_input, h, tol, repair,

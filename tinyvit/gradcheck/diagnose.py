@@ -49,6 +49,12 @@ ASSIGNED = ("assigned, not accumulated: a second backward without zero_grad left
             "was instead of doubling it; gradients add up (+=), so that residual branches "
             "and shared layers sum")
 
+# what a backward that wrote into its upstream gradient is told, after "the backward" or "your
+# backward"
+IN_PLACE = ("changes its upstream gradient in place (dout, or a name for the same array, with "
+            "*=, -=, += or a slice written): dout is its caller's too; compute into an array "
+            "of your own")
+
 
 @dataclasses.dataclass
 class Context:
@@ -76,7 +82,8 @@ def diagnose(check, computed, expected, context, tol):
     the active backend, or the host)."""
     if check.problem:
         return [check.problem]
-    findings = [] if check.accumulates else [ASSIGNED]
+    findings = [] if check.leaves_upstream else [f"the backward {IN_PLACE}"]
+    findings += [] if check.accumulates else [ASSIGNED]
     if check.rel_err <= tol:
         return findings
     computed, expected = to_host(computed), to_host(expected)

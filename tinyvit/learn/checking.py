@@ -52,7 +52,7 @@ from ..backend import rng as device_rng
 from ..gradcheck import gradient_check
 from ..gradcheck.answer import not_found, said
 from ..gradcheck.check import compare, doubled
-from ..gradcheck.diagnose import Context, diagnose
+from ..gradcheck.diagnose import IN_PLACE, Context, diagnose
 from ..gradcheck.repair import Probe, measure, search
 from ..gradcheck.source import NotEditable, Source
 from ..gradcheck.trace import in_libraries, in_tinyvit, trace
@@ -457,9 +457,7 @@ def _backward(ex, module, inputs, before_forward, dout, where, learner=True, rep
         raise ExerciseFailed(_paragraph(ex, where, _raised(error), _fix(repair))) from None
     if is_array(dout) and not bool((dout == given).all()):
         raise ExerciseFailed(_paragraph(
-            ex, where, "your backward changes its upstream gradient in place (dout, or a name "
-            "for the same array, with *=, -=, += or a slice written): dout is its caller's too; "
-            "compute into an array of your own", _fix(repair)))
+            ex, where, f"your backward {IN_PLACE}", _fix(repair)))
     if learner and is_array(y) and not bool((y == output).all()):
         raise ExerciseFailed(_paragraph(
             ex, where, "your backward changes the forward's output in place (a cached array "
