@@ -131,6 +131,20 @@ def test_code_changed_since_it_passed_is_said_by_status_and_the_training(workboo
         f"check 1 {workbook})")
 
 
+def test_a_comment_or_a_blank_line_added_after_passing_is_not_a_change(workbook, capsys):
+    ex = by_name("linear")
+    path = workbook / ex.filename
+    path.write_text(fill(path.read_text(), ex))
+    load_exercise(path).test_linear()  # passes
+    path.write_text(path.read_text().replace(
+        "self.bias.grad += self.column_sum(dout2)",
+        "self.bias.grad += self.column_sum(dout2)  # summed over the rows\n"))
+    capsys.readouterr()
+    assert command.main(["status", str(workbook)]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == (
+        f"  1  PASS             {ex.filename:<26} {ex.title}")
+
+
 def test_the_training_stops_where_the_losses_part(workbook):
     """A bias gradient of the wrong sign (doubled, AdamW would not see it: it divides
     each gradient by its own scale), with exercises 1-19 marked as passed: step 0's loss

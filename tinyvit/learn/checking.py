@@ -24,6 +24,7 @@ code for the fix that passes every case, and the paragraph gives it first.
 ``check`` records each result in the workbook's progress file, for ``learn status``.
 """
 
+import ast
 import dataclasses
 import hashlib
 import importlib.util
@@ -31,6 +32,7 @@ import inspect
 import json
 import linecache
 import sys
+import textwrap
 import traceback
 import types
 from contextlib import contextmanager, nullcontext
@@ -867,9 +869,11 @@ class Progress:
 
 def fingerprint(ex, yours):
     """A digest of the learner's code for exercise ``ex`` (its method's or its function's
-    source), or None where the source cannot be read."""
+    syntax tree, so that comments, blank lines and spacing do not count), or None where
+    the source cannot be read."""
     try:
         source = inspect.getsource(getattr(yours, ex.method) if ex.method else yours)
-    except (OSError, TypeError, AttributeError):
+        tree = ast.dump(ast.parse(textwrap.dedent(source)))
+    except (OSError, TypeError, AttributeError, SyntaxError):
         return None
-    return hashlib.sha256(source.encode()).hexdigest()[:16]
+    return hashlib.sha256(tree.encode()).hexdigest()[:16]
