@@ -275,6 +275,13 @@ class RenormalizingCrossEntropy(SoftmaxCrossEntropy):
         return dout * (p - t) / log_probs.shape[0]
 
 
+class UnscaledCrossEntropy(SoftmaxCrossEntropy):
+    def backward(self, dout=1.0):
+        log_probs, t = self._take_cache()
+        B = t.shape[0]
+        return (xp.exp(log_probs) - t) / B  # dout left out
+
+
 def scope(function, module, x, before_forward=None, reference=None):
     """The error model's Scope of ``function`` as ``module``'s backward runs it."""
     def forward():
@@ -467,6 +474,14 @@ def test_a_whole_arrays_sum_meant_per_row_gets_its_axis_and_keepdims_in_one_edit
         ["    p = p / p.sum()  # the whole batch's sum, where each row's is meant"],
         ["    p = p / p.sum(axis=1, keepdims=True)  # the whole batch's sum, where each row's "
          "is meant"])]
+
+
+def test_a_size_read_from_a_shape_is_kept_and_the_factor_goes_into_the_gradient():
+    with B.default_dtype("float64"):  # B = t.shape[0] / dout passes too, but reads oddly
+        report = gradient_check(UnscaledCrossEntropy(), randn(4, 5), xp.arange(4) % 5)
+    assert [(c.before, c.after) for c in changes(report.fix)] == [(
+        ["    return (xp.exp(log_probs) - t) / B  # dout left out"],
+        ["    return (xp.exp(log_probs) - t) / B * dout  # dout left out"])]
 
 
 def test_a_wrong_backward_is_answered_with_the_fix_on_its_own_line():

@@ -16,11 +16,12 @@ smallest correction that passes).
 4. No single edit: pairs (``_pairs``), the same mistake made twice first, then two edits
    that each brought the gradients closer, two cheap edits of one line, and a promising
    edit with any other, until the time is up. A single edit of a right statement (one the
-   reference, the workbook's library code, writes the same way, or one that gives its name
-   the value the reference's name of that spelling holds: ``right_values``) is kept aside
-   where it passes, and the search goes on: it makes up there for a mistake made elsewhere
-   (dAd divided by Dh where dq and dk were each divided by the scale, not multiplied). A
-   pair that leaves right statements alone comes first; else the edit kept is the answer.
+   reference, the workbook's library code, writes the same way, one that gives its name
+   the value the reference's name of that spelling holds: ``right_values``, or a size) is
+   kept aside where it passes, and the search goes on: it makes up there for a mistake
+   made elsewhere (dAd divided by Dh where dq and dk were each divided by the scale, not
+   multiplied; B = t.shape[0] / dout where dout was left out of the gradient). A pair
+   that leaves right statements alone comes first; else the edit kept is the answer.
 
 A fix is only returned once it passed; nothing is guessed.
 """
@@ -288,9 +289,11 @@ def search(probe, expected, tol, budget=None, own_only=False, reference=None, ve
 
 def _right_statements(recorded, sources, values):
     """{id(statement)}: the statements of ``sources`` that give a name the value that the
-    right code's name of that spelling held (``values``, {name: [arrays]}), the name
-    assigned nowhere else in its function and never written into, so that its value at the
-    function's end is the statement's."""
+    right code's name of that spelling held (``values``, {name: [arrays]}), or a size read
+    as it is (``B = t.shape[0]``, ``n = len(x)``: an edit there that passes, such as a
+    division by dout, makes up for a mistake elsewhere; ``n = V - 1`` may be the mistake
+    itself), the name assigned nowhere else in its function and never written into, so
+    that its value at the function's end is the statement's."""
     found = set()
     for source in sources:
         at_end = next((call.scopes.get("return", {}) for call in recorded.calls
@@ -305,10 +308,20 @@ def _right_statements(recorded, sources, values):
                 continue
             name = statement.targets[0].id
             value = at_end.get(name)
-            if (stores[name] == 1 and name not in written and is_array(value)
-                    and any(_same_values(value, right) for right in values.get(name, ()))):
+            if stores[name] == 1 and name not in written and (_reads_size(statement.value) or (
+                    is_array(value) and any(_same_values(value, right)
+                                            for right in values.get(name, ())))):
                 found.add(id(statement))
     return found
+
+
+def _reads_size(node):
+    """Whether an expression is a size read as it is: ``x.shape[i]`` or ``len(x)``."""
+    if isinstance(node, ast.Subscript):
+        return (isinstance(node.value, ast.Attribute) and node.value.attr == "shape"
+                and isinstance(node.slice, (ast.Constant, ast.UnaryOp)))  # [0], [-1]
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+            and node.func.id == "len" and len(node.args) == 1)
 
 
 def _same_values(a, b):
