@@ -17,7 +17,7 @@ from tinyvit.gradcheck import gradient_check, seeded_dropout
 from tinyvit.gradcheck.answer import changes
 from tinyvit.gradcheck.diagnose import read_ratio
 from tinyvit.gradcheck.error_model import COSTS, edits
-from tinyvit.gradcheck.repair import Probe, scope_of, search
+from tinyvit.gradcheck.repair import Probe, _pairs, scope_of, search
 from tinyvit.gradcheck.source import Source
 from tinyvit.gradcheck.trace import trace
 from tinyvit.nn import functional, layers
@@ -247,6 +247,58 @@ class Halves(Module):
     def backward(self, dout):
         self._take_cache()
         return xp.concatenate([2 * dout, dout], axis=0)
+
+
+class Folded(Module):
+    """y = a + b for the halves a, b of the last axis; the backward computes the half's
+    width with /, a float that reshape refuses."""
+
+    def forward(self, x):
+        self.cache = x.shape
+        half = x.shape[-1] // 2
+        return x[..., :half] + x[..., half:]
+
+    def backward(self, dout):
+        shape = self._take_cache()
+        half = shape[-1] / 2
+        return xp.broadcast_to(dout[..., None, :], (*dout.shape[:-1], 2, half)).reshape(shape)
+
+
+class LinearAndSquare(Module):
+    """y = a x + b x^2, the backward with a and b exchanged between its two terms."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = 0.7, 1.9
+
+    def forward(self, x):
+        self.cache = x
+        return self.a * x + self.b * x * x
+
+    def backward(self, dout):
+        x = self._take_cache()
+        linear = dout * self.b  # self.a meant
+        square = 2 * dout * x * self.a  # self.b meant
+        return linear + square
+
+
+class TwoTanh(Module):
+    """Two Tanh layers in a row, the backward walking them with a slice that stops
+    before the first."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = [layers.Tanh(), layers.Tanh()]
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer.forward(x)
+        return x
+
+    def backward(self, dout):
+        for layer in self.layers[:0:-1]:
+            dout = layer.backward(dout)
+        return dout
 
 
 class RowSummedBias(Module):
@@ -482,6 +534,31 @@ def test_a_size_read_from_a_shape_is_kept_and_the_factor_goes_into_the_gradient(
     assert [(c.before, c.after) for c in changes(report.fix)] == [(
         ["    return (xp.exp(log_probs) - t) / B  # dout left out"],
         ["    return (xp.exp(log_probs) - t) / B * dout  # dout left out"])]
+
+
+@pytest.mark.parametrize("module, x, before, after", [
+    (Folded(), (3, 8), "half = shape[-1] / 2", "half = shape[-1] // 2"),
+    (TwoTanh(), (3, 4), "for layer in self.layers[:0:-1]:", "for layer in self.layers[::-1]:"),
+], ids=["a size divided with /", "a slice that stops before entry 0"])
+def test_a_learners_slip_is_fixed_where_it_is(module, x, before, after):
+    with B.default_dtype("float64"):
+        report = gradient_check(module.astype("float64"), randn(*x))
+    first = changes(report.fix)[0]
+    assert (first.before[0].strip(), first.after[0].strip()) == (before, after)
+
+
+def test_two_names_exchanged_between_two_lines_are_paired_as_one_mistake():
+    """Among the pairs of the first kind (no promising edit given), beside the same
+    mistake made twice."""
+    with B.default_dtype("float64"):
+        source, found = scope(LinearAndSquare.backward, LinearAndSquare(), randn(3, 4))
+    exchanges = [{(e.line, e.detail["was"], e.detail["now"]) for e in (first, second)}
+                 for first, second in _pairs([], edits(source, found))
+                 if first.rule == second.rule == "name"
+                 and (first.detail["was"], first.detail["now"]) == (second.detail["now"],
+                                                                    second.detail["was"])]
+    line = line_of(LinearAndSquare.backward, "linear = dout * self.b")
+    assert {(line, "self.b", "self.a"), (line + 1, "self.a", "self.b")} in exchanges
 
 
 def test_a_wrong_backward_is_answered_with_the_fix_on_its_own_line():

@@ -318,6 +318,10 @@ def _factor_reason(edit):
                 "forward applied on the way multiplies the gradient too)")
     if what == "removed":
         return f"{factor} is not a factor of this gradient"
+    if what == "whole":
+        return "a division in whole numbers (//): a size, as a shape takes, is a whole number"
+    if what == "true":
+        return "a true division (/): // rounds down to a whole number"
     return "a division where the derivation multiplies (or the other way round)"
 
 
@@ -378,6 +382,8 @@ REASONS = {
     "index": lambda edit: {
         "axis": "a length-1 axis added, so that the value spreads along it as the forward's did",
         "axis removed": "no length-1 axis here: the value already has the shape it meets",
+        "bound": "the bound dropped, so that the slice runs to the end (:0:-1 stops before "
+                 "entry 0; ::-1 takes every entry)",
         "shape": f"the length of axis {edit.detail.get('now')}, not of axis "
                  f"{edit.detail.get('was')}"}.get(
         edit.detail.get("what"), "the entries the forward read"),

@@ -368,6 +368,11 @@ class _Proposer:
             self.add("factor", slot, located(ast.BinOp(left=node.left, op=other_op,
                                                         right=node.right), node), what="op",
                      extra=-0.25)  # before a factor put beside it: a / s -> a * s
+        if isinstance(op, (ast.Div, ast.FloorDiv)):  # D / NH for D // NH, and back
+            other_op = ast.FloorDiv() if isinstance(op, ast.Div) else ast.Div()
+            self.add("factor", slot, located(ast.BinOp(left=node.left, op=other_op,
+                                                        right=node.right), node),
+                     what="whole" if isinstance(op, ast.Div) else "true")
         elif isinstance(op, ast.Pow):
             pass  # its exponent is a constant, edited as one
 
@@ -695,8 +700,9 @@ class _Proposer:
         for i, item in enumerate(elts):
             slot = (field[0], field[1], i if isinstance(index, ast.Tuple) else None)
             for new in _index_variants(item):
-                self.add("index", slot, located(new, item), **(dict(
-                    what="shape", was=ast.unparse(item), now=ast.unparse(new)) if shape else {}))
+                detail = dict(what="shape", was=ast.unparse(item), now=ast.unparse(new)) if \
+                    shape else dict(what="bound") if getattr(item, "step", None) else {}
+                self.add("index", slot, located(new, item), **detail)
 
     def _constants(self, node, slot, number):
         parent = slot[0]
@@ -964,7 +970,13 @@ def _untransposed(node):
 
 
 def _index_variants(item):
-    """:1 for 1:, 1: for :-1, 0 for :1, a bound one more or less, a neighbouring index."""
+    """:1 for 1:, 1: for :-1, 0 for :1, a bound one more or less, a neighbouring index; with
+    a step, a bound dropped (::-1 for :0:-1, which stops before the first entry)."""
+    if isinstance(item, ast.Slice) and item.step is not None:
+        for bound in ("lower", "upper"):
+            if constant(getattr(item, bound)) is not None:
+                yield ast.Slice(**{"lower": item.lower, "upper": item.upper, "step": item.step,
+                                   bound: None})
     if isinstance(item, ast.Slice) and item.step is None:
         lower = constant(item.lower) if item.lower is not None else None
         upper = constant(item.upper) if item.upper is not None else None

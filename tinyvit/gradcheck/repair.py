@@ -16,12 +16,13 @@ smallest correction that passes).
 4. No single edit: pairs (``_pairs``), the same mistake made twice first, then two edits
    that each brought the gradients closer, two cheap edits of one line, and a promising
    edit with any other, until the time is up. A single edit of a right statement (one the
-   reference, the workbook's library code, writes the same way, one that gives its name
-   the value the reference's name of that spelling holds: ``right_values``, or a size) is
-   kept aside where it passes, and the search goes on: it makes up there for a mistake
-   made elsewhere (dAd divided by Dh where dq and dk were each divided by the scale, not
-   multiplied; B = t.shape[0] / dout where dout was left out of the gradient). A pair
-   that leaves right statements alone comes first; else the edit kept is the answer.
+   reference, the workbook's library code, writes the same way, or one that gives its name
+   the value the reference's name of that spelling holds: ``right_values``), or one that
+   makes a size an array, is kept aside where it passes, and the search goes on: it makes
+   up there for a mistake made elsewhere (dAd divided by Dh where dq and dk were each
+   divided by the scale, not multiplied; B = t.shape[0] / dout where dout was left out of
+   the gradient). A pair that leaves right statements alone comes first; else the edit
+   kept is the answer.
 
 A fix is only returned once it passed; nothing is guessed.
 """
@@ -244,10 +245,12 @@ def search(probe, expected, tol, budget=None, own_only=False, reference=None, ve
     tried = 0
     promising = []
     runner = _Runner(probe, expected, tol, verify, noise)
-    right = _right_statements(recorded, sources, right_values or {})
+    once = list(_assigned_once(recorded, sources))
+    right, sizes = _right_statements(once, right_values or {}), _sizes(once)
 
-    def rewrites_right(edit):  # a statement written as the reference writes it, or its value
-        return edit.rewrites_right or id(edit.statement) in right
+    def rewrites_right(edit):  # a statement written as the reference writes it, or its value,
+        return (edit.rewrites_right or id(edit.statement) in right  # or a size made an array
+                or (id(edit.statement) in sizes and _made_array(edit)))
 
     kept = None  # a fix that rewrites a right statement
 
@@ -287,14 +290,10 @@ def search(probe, expected, tol, budget=None, own_only=False, reference=None, ve
                   ran_out=time.perf_counter() > deadline)
 
 
-def _right_statements(recorded, sources, values):
-    """{id(statement)}: the statements of ``sources`` that give a name the value that the
-    right code's name of that spelling held (``values``, {name: [arrays]}), or a size read
-    as it is (``B = t.shape[0]``, ``n = len(x)``: an edit there that passes, such as a
-    division by dout, makes up for a mistake elsewhere; ``n = V - 1`` may be the mistake
-    itself), the name assigned nowhere else in its function and never written into, so
-    that its value at the function's end is the statement's."""
-    found = set()
+def _assigned_once(recorded, sources):
+    """(statement, its value at the function's end) for each statement of ``sources`` that
+    gives a name a value, the name assigned nowhere else in its function and never written
+    into, so that its value at the end is the statement's."""
     for source in sources:
         at_end = next((call.scopes.get("return", {}) for call in recorded.calls
                        if call.code is source.code), {})
@@ -303,25 +302,32 @@ def _right_statements(recorded, sources, values):
         written = {n.value.id for n in ast.walk(source.tree) if isinstance(n, ast.Subscript)
                    and isinstance(n.ctx, ast.Store) and isinstance(n.value, ast.Name)}
         for statement, _, _ in statements(source.tree.body):
-            if not (isinstance(statement, ast.Assign) and len(statement.targets) == 1
+            if (isinstance(statement, ast.Assign) and len(statement.targets) == 1
                     and isinstance(statement.targets[0], ast.Name)):
-                continue
-            name = statement.targets[0].id
-            value = at_end.get(name)
-            if stores[name] == 1 and name not in written and (_reads_size(statement.value) or (
-                    is_array(value) and any(_same_values(value, right)
-                                            for right in values.get(name, ())))):
-                found.add(id(statement))
-    return found
+                name = statement.targets[0].id
+                if stores[name] == 1 and name not in written and name in at_end:
+                    yield statement, at_end[name]
 
 
-def _reads_size(node):
-    """Whether an expression is a size read as it is: ``x.shape[i]`` or ``len(x)``."""
-    if isinstance(node, ast.Subscript):
-        return (isinstance(node.value, ast.Attribute) and node.value.attr == "shape"
-                and isinstance(node.slice, (ast.Constant, ast.UnaryOp)))  # [0], [-1]
-    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-            and node.func.id == "len" and len(node.args) == 1)
+def _right_statements(once, values):
+    """{id(statement)}: the statements of ``once`` (``_assigned_once``) that give a name the
+    value that the right code's name of that spelling held (``values``, {name: [arrays]})."""
+    return {id(statement) for statement, value in once if is_array(value) and any(
+        _same_values(value, right) for right in values.get(statement.targets[0].id, ()))}
+
+
+def _sizes(once):
+    """{id(statement)}: the statements of ``once`` that give a name a whole number (a size,
+    B = t.shape[0]; not a truth value)."""
+    return {id(statement) for statement, value in once
+            if isinstance(value, (int, np.integer)) and not isinstance(value, bool)}
+
+
+def _made_array(edit):
+    """Whether an edit brings an array into what it writes (a size divided by dout)."""
+    arrays = edit.scope.arrays(edit.line) if edit.scope is not None else {}
+    nodes = [node for new in edit.new for node in (new if isinstance(new, list) else [new])]
+    return any(isinstance(n, ast.Name) and n.id in arrays for node in nodes for n in ast.walk(node))
 
 
 def _same_values(a, b):
@@ -357,14 +363,18 @@ def _in_order(sources, scope, ranking, ran, given):
 def _pairs(promising, singles):
     """Pairs of edits, the likelier first: the same mistake made twice (one rule, the same
     way, on two lines or two places of one: both means over the wrong axes, both products
-    divided by the scale); two promising edits; two cheap edits of one line (two mistakes
-    that each alone still fail: ``ho * kh, wo * kw`` for ``ho * sh, wo * sw``); a promising
-    edit with any other. Ordered by their costs added, each kind of pair a little dearer
-    than the kind before it."""
+    divided by the scale), or two names exchanged (the stride given where the padding
+    goes, and the padding where the stride goes); two promising edits; two cheap edits of
+    one line (two mistakes that each alone still fail: ``ho * kh, wo * kw`` for ``ho * sh,
+    wo * sw``); a promising edit with any other. Ordered by their costs added, each kind of
+    pair a little dearer than the kind before it."""
     alike, lines = {}, {}
     for e in singles:
         if e.cost <= ALIKE and e.rule in REPEATED:
             alike.setdefault(_how(e), []).append(e)
+        if e.cost <= ALIKE and e.rule == "name":  # two names exchanged, either way round
+            exchanged = frozenset((e.detail["was"], e.detail["now"]))
+            alike.setdefault(("exchange", exchanged), []).append(e)
         if e.cost <= SAME_LINE:
             lines.setdefault(e.line, []).append(e)
     kinds = ([group[:GROUP] for group in alike.values()], [promising],
