@@ -21,7 +21,7 @@ from tinyvit.gradcheck.repair import Probe, _pairs, scope_of, search
 from tinyvit.gradcheck.source import Source
 from tinyvit.gradcheck.trace import trace
 from tinyvit.nn import functional, layers
-from tinyvit.nn.functional import softmax_backward
+from tinyvit.nn.functional import normal_cdf, normal_pdf, softmax_backward
 from tinyvit.nn.loss import SoftmaxCrossEntropy
 from tinyvit.nn.module import Module, Parameter
 
@@ -262,6 +262,45 @@ class Folded(Module):
         shape = self._take_cache()
         half = shape[-1] / 2
         return xp.broadcast_to(dout[..., None, :], (*dout.shape[:-1], 2, half)).reshape(shape)
+
+
+class HandDensityGELU(layers.GELU):
+    def backward(self, dout):
+        x = self._take_cache()
+        pdf = xp.exp(-x * x) / np.sqrt(2 * np.pi)  # the density without its / 2
+        return dout * (normal_cdf(x) + x * pdf)
+
+
+class OutputForInputGELU(layers.GELU):
+    def backward(self, dout):
+        x = self._take_cache()
+        y = x * normal_cdf(x)  # the forward's output, recomputed: right as it is
+        return dout * (normal_cdf(x) + y * normal_pdf(x))  # y read where x is meant
+
+
+class CoshTanh(Module):
+    """y = tanh(x), the backward by 1 / cosh(x), its square forgotten."""
+
+    def forward(self, x):
+        self.cache = x
+        return xp.tanh(x)
+
+    def backward(self, dout):
+        x = self._take_cache()
+        return dout / xp.cosh(x)
+
+
+class TwiceScaledDropout(layers.Dropout):
+    def backward(self, dout):
+        mask = self._take_cache()  # 0 or 1/(1-p) already
+        return dout * mask / (1 - self.p)
+
+
+class NamedScaleDropout(layers.Dropout):
+    def backward(self, dout):
+        mask = self._take_cache()  # 0 or 1/(1-p) already
+        scale = 1.0 / (1.0 - self.p)
+        return dout * mask * scale
 
 
 class LinearAndSquare(Module):
@@ -539,12 +578,32 @@ def test_a_size_read_from_a_shape_is_kept_and_the_factor_goes_into_the_gradient(
 @pytest.mark.parametrize("module, x, before, after", [
     (Folded(), (3, 8), "half = shape[-1] / 2", "half = shape[-1] // 2"),
     (TwoTanh(), (3, 4), "for layer in self.layers[:0:-1]:", "for layer in self.layers[::-1]:"),
-], ids=["a size divided with /", "a slice that stops before entry 0"])
+    (HandDensityGELU(), (3, 4), "pdf = xp.exp(-x * x) / np.sqrt(2 * np.pi)  # the density "
+     "without its / 2", "pdf = xp.exp(-x * x / 2) / np.sqrt(2 * np.pi)  # the density without "
+     "its / 2"),
+    (CoshTanh(), (3, 4), "return dout / xp.cosh(x)", "return dout / xp.cosh(x) ** 2"),
+    (OutputForInputGELU(), (3, 4), "return dout * (normal_cdf(x) + y * normal_pdf(x))  # y read "
+     "where x is meant", "return dout * (normal_cdf(x) + x * normal_pdf(x))  # y read where x "
+     "is meant"),
+], ids=["a size divided with /", "a slice that stops before entry 0",
+        "a factor inside exp's argument", "a square forgotten", "the output read for the input"])
 def test_a_learners_slip_is_fixed_where_it_is(module, x, before, after):
     with B.default_dtype("float64"):
         report = gradient_check(module.astype("float64"), randn(*x))
     first = changes(report.fix)[0]
     assert (first.before[0].strip(), first.after[0].strip()) == (before, after)
+
+
+@pytest.mark.parametrize("kind, before, after", [
+    (TwiceScaledDropout, "return dout * mask / (1 - self.p)", "return dout * mask"),
+    (NamedScaleDropout, "scale = 1.0 / (1.0 - self.p)", "scale = 1.0")])
+def test_a_factor_too_many_is_taken_away_not_undone_nor_floored(kind, before, after):
+    """Not / (1), nor * (1.0 - p) after it, nor 1.0 // (1.0 - p), which is 1 for p = 0.3."""
+    dropout = kind(0.3)
+    with B.default_dtype("float64"):
+        report = gradient_check(dropout, randn(3, 4), before_forward=seeded_dropout(dropout))
+    assert [(c.before[0].strip(), c.after[0].strip()) for c in changes(report.fix)] == [
+        (before, after)]
 
 
 def test_two_names_exchanged_between_two_lines_are_paired_as_one_mistake():

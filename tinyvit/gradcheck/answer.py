@@ -318,6 +318,9 @@ def _factor_reason(edit):
                 "forward applied on the way multiplies the gradient too)")
     if what == "removed":
         return f"{factor} is not a factor of this gradient"
+    if what == "squared":
+        return ("squared, as the derivation has it (tanh(u)' = 1 - tanh(u)^2 = 1 / cosh(u)^2; "
+                "(u^2)' = 2 u)")
     if what == "whole":
         return "a division in whole numbers (//): a size, as a shape takes, is a whole number"
     if what == "true":
@@ -426,7 +429,7 @@ def _formula(edit, derivations):
             for line in (text or "").splitlines():
                 for segment in SEGMENT.split(line.strip()):
                     if re.match(rf"{re.escape(name)}\s*=\s*\S", segment):
-                        return segment.strip().rstrip(",.")
+                        return segment.strip().rstrip(",.;")
     return None
 
 

@@ -13,6 +13,7 @@ small helpers: walking a function's statements and expressions, and building nod
 import ast
 import dataclasses
 import functools
+import numbers
 
 from ..backend import is_array
 
@@ -177,8 +178,9 @@ def expressions(node):
 
 def term_slots(statement):
     """The slots of the terms of a statement's value: the value itself (each item of a
-    returned tuple), every operand of its sums, differences, products and quotients, and
-    the gradient a layer's backward is called on."""
+    returned tuple), every operand of its sums, differences, products and quotients, the
+    gradient a layer's backward is called on, and the argument of an elementwise function
+    (``xp.exp(-x * x)``, whose / 2 may be missing)."""
     if isinstance(statement, (ast.Assign, ast.AugAssign, ast.Return)) and statement.value:
         roots = [(statement, "value", None)]
         if isinstance(statement.value, ast.Tuple):
@@ -197,8 +199,8 @@ def term_nodes(tree):
 def _operands(slot):
     yield slot
     node = slot_value(slot)
-    if _backward_call_of_one(node):  # self.fc2.backward(alpha * dout): its gradient, a term too
-        yield from _operands((node, "args", 0))
+    if _backward_call_of_one(node) or elementwise_call(node):  # self.fc2.backward(alpha *
+        yield from _operands((node, "args", 0))  # dout), xp.exp(-x * x): a term too
     elif isinstance(node, ast.BinOp) and isinstance(node.op, ARITHMETIC):
         yield from _operands((node, "left", None))
         yield from _operands((node, "right", None))
@@ -214,6 +216,21 @@ def _backward_call_of_one(node):
     return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
             and node.func.attr == "backward" and len(node.args) == 1 and not node.keywords
             and not isinstance(node.args[0], ast.Starred))
+
+
+def is_whole(value):
+    """Whether a value is a whole number (Python's or NumPy's), not a truth value: a size."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def elementwise_call(node):
+    """Whether ``node`` calls one of xp's elementwise functions on one argument."""
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and isinstance(node.func.value, ast.Name) and node.func.value.id == "xp"
+            and node.func.attr in ELEMENTWISE and len(node.args) == 1 and not node.keywords)
+
+
+ELEMENTWISE = ("exp", "log", "sqrt", "tanh", "cosh", "sinh", "cos", "sin", "erf")
 
 
 def located(new, old):

@@ -40,6 +40,7 @@ import copy
 import functools
 import itertools
 import math
+import numbers
 
 from ..backend import is_array
 from .edits import (
@@ -49,7 +50,9 @@ from .edits import (
     axes_node,
     axes_value,
     constant,
+    elementwise_call,
     expressions,
+    is_whole,
     located,
     name_node,
     names_in,
@@ -344,7 +347,10 @@ class _Proposer:
             if isinstance(op, ast.Sub):
                 self.add("sign", slot, located(ast.BinOp(left=node.right, op=op,
                                                           right=node.left), node))
-            self.add("drop", slot, node.left, kept="left")
+            factor = isinstance(slot[0], ast.BinOp) and isinstance(slot[0].op, (ast.Mult,
+                                                                              ast.Div))
+            if not (factor and constant(node.left) == 1):  # / (1 - p) -> / (1): the factor
+                self.add("drop", slot, node.left, kept="left")  # rule takes it away whole
             right = node.right if isinstance(op, ast.Add) else located(
                 ast.UnaryOp(op=ast.USub(), operand=node.right), node.right)
             self.add("drop", slot, right, kept="right")
@@ -368,9 +374,9 @@ class _Proposer:
             self.add("factor", slot, located(ast.BinOp(left=node.left, op=other_op,
                                                         right=node.right), node), what="op",
                      extra=-0.25)  # before a factor put beside it: a / s -> a * s
-        if isinstance(op, (ast.Div, ast.FloorDiv)):  # D / NH for D // NH, and back
-            other_op = ast.FloorDiv() if isinstance(op, ast.Div) else ast.Div()
-            self.add("factor", slot, located(ast.BinOp(left=node.left, op=other_op,
+        if isinstance(op, ast.FloorDiv) or (isinstance(op, ast.Div) and self._whole(node)):
+            other_op = ast.FloorDiv() if isinstance(op, ast.Div) else ast.Div()  # D / NH for
+            self.add("factor", slot, located(ast.BinOp(left=node.left, op=other_op,  # D // NH
                                                         right=node.right), node),
                      what="whole" if isinstance(op, ast.Div) else "true")
         elif isinstance(op, ast.Pow):
@@ -411,6 +417,35 @@ class _Proposer:
             if is_array(value):
                 shapes.add(tuple(value.shape))
         return shapes
+
+    def _cancels(self, node, op, factor):
+        """Whether applying ``op`` by ``factor`` to ``node`` undoes one of the factors of
+        its product: x / f * f by text; x * s * (1 - p), where s = 1 / (1 - p), by value."""
+        new = self._multiplier(factor, op)
+        while isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Mult, ast.Div)):
+            if type(node.op) is not type(op) and ast.unparse(node.right) == ast.unparse(factor):
+                return True
+            old = self._multiplier(node.right, node.op)
+            if old and len(old) == len(new) and all(
+                    abs(a * b - 1.0) <= 1e-12 for a, b in zip(old, new)):
+                return True
+            node = node.left
+        return False
+
+    def _multiplier(self, node, op):
+        """What multiplying (or dividing, ``op``) by ``node`` multiplies by, on each call's
+        values at this line, where those are nonzero numbers; else []."""
+        values = self._evaluated(node)
+        if not values or not all(isinstance(v, numbers.Real) and v for v in values):
+            return []
+        return [float(v) if isinstance(op, ast.Mult) else 1.0 / float(v) for v in values]
+
+    def _whole(self, division):
+        """Whether a division may be of whole numbers (sizes): each side that could be
+        evaluated at this line held whole numbers (``shape[-1] / 2`` of a tuple the trace
+        does not keep may; ``1.0 / (1 - p)`` may not)."""
+        return all(is_whole(v) for side in (division.left, division.right)
+                   for v in self._evaluated(side))
 
     def _evaluated_shapes(self, node):
         """The shapes ``node`` takes on the values each call held at this line, where it
@@ -569,6 +604,10 @@ class _Proposer:
             swapped = ast.Call(func=inner.func, args=[ast.Call(
                 func=func, args=inner.args, keywords=node.keywords)], keywords=inner.keywords)
             self.add("order", slot, located(swapped, node), what="nested")
+        if elementwise_call(node) and isinstance(slot[0], ast.BinOp) and isinstance(
+                slot[0].op, (ast.Mult, ast.Div)):  # 1 / cosh(u) for sech(u)^2 = 1 / cosh(u)^2
+            squared = ast.BinOp(left=node, op=ast.Pow(), right=ast.Constant(value=2))
+            self.add("factor", slot, located(squared, node), extra=0.5, what="squared")
         if method in FUNCTIONS and len(node.args) == 1 or (
                 isinstance(func, ast.Name) and len(node.args) == 1 and not node.keywords):
             self.add("call", slot, node.args[0], what="removed", function=ast.unparse(func))
@@ -735,6 +774,8 @@ class _Proposer:
                      extra=0.5)
             for factor, extra in self.factors:
                 for op in (ast.Mult(), ast.Div()):
+                    if self._cancels(node, op, factor):
+                        continue  # x / f * f: the factor rule takes / f away instead
                     self.add("factor", slot, located(ast.BinOp(left=node, op=op, right=factor),
                                                       node), extra=extra, what="added",
                              factor=factor, op=type(op).__name__)
@@ -945,10 +986,11 @@ def _movable(statement):
 
 
 def _factor_like(node):
-    """A name, an attribute, a number, an entry, or one of these plus or minus a number
-    (N - 1): what a factor usually is."""
+    """A name, an attribute, a number, an entry, or one of these and a number added or
+    subtracted (N - 1, 1 - p): what a factor usually is."""
     if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub)):
-        return _factor_like(node.left) and constant(node.right) is not None
+        return (_factor_like(node.left) and constant(node.right) is not None
+                or constant(node.left) is not None and _factor_like(node.right))
     return isinstance(node, (ast.Name, ast.Attribute, ast.Constant)) or constant(
         node) is not None or isinstance(node, ast.Subscript)
 

@@ -41,7 +41,7 @@ import numpy as np  # its floating-point warnings, silenced for candidates (CuPy
 
 from ..backend import is_array, xp
 from ..nn.module import Module, Parameter
-from .edits import Scope, names_in, statements, takes_cache, term_nodes
+from .edits import Scope, is_whole, names_in, statements, takes_cache, term_nodes
 from .error_model import edits, factors_in
 from .source import NotEditable, Source
 from .trace import called, in_tinyvit, trace
@@ -104,6 +104,13 @@ class Probe:
         self.names = {id(p): name for name, p in module.named_parameters()}
         # each parameter's arrays, and its values: a candidate may write over either
         self.arrays = [(p, p.data, p.data.copy(), p.grad) for p in module.parameters()]
+
+    def forward_values(self):
+        """The arrays the forward computed and left: its output, and its caches' arrays."""
+        caches, output = self.saved
+        items = [output] + [item for cache in caches
+                            for item in (cache if isinstance(cache, (tuple, list)) else [cache])]
+        return [item for item in items if is_array(item)]
 
     def restore(self):
         """The forward's caches, and every parameter's own arrays and values, back."""
@@ -246,7 +253,8 @@ def search(probe, expected, tol, budget=None, own_only=False, reference=None, ve
     promising = []
     runner = _Runner(probe, expected, tol, verify, noise)
     once = list(_assigned_once(recorded, sources))
-    right, sizes = _right_statements(once, right_values or {}), _sizes(once)
+    right = _right_statements(once, right_values or {}, probe.forward_values())
+    sizes = _sizes(once)
 
     def rewrites_right(edit):  # a statement written as the reference writes it, or its value,
         return (edit.rewrites_right or id(edit.statement) in right  # or a size made an array
@@ -309,18 +317,25 @@ def _assigned_once(recorded, sources):
                     yield statement, at_end[name]
 
 
-def _right_statements(once, values):
+def _right_statements(once, values, forward):
     """{id(statement)}: the statements of ``once`` (``_assigned_once``) that give a name the
-    value that the right code's name of that spelling held (``values``, {name: [arrays]})."""
-    return {id(statement) for statement, value in once if is_array(value) and any(
-        _same_values(value, right) for right in values.get(statement.targets[0].id, ()))}
+    value that the right code's name of that spelling held (``values``, {name: [arrays]}),
+    or that compute again a value the forward computed (``forward``: y = x * normal_cdf(x)
+    in GELU's backward, where the mistake is y read for x; not a name for one, p =
+    log_probs, whose mistake may be the name)."""
+    found = set()
+    for statement, value in once:
+        computed = not isinstance(statement.value, (ast.Name, ast.Attribute, ast.Subscript))
+        rights = [*values.get(statement.targets[0].id, ()), *(forward if computed else ())]
+        if is_array(value) and any(_same_values(value, right) for right in rights):
+            found.add(id(statement))
+    return found
 
 
 def _sizes(once):
     """{id(statement)}: the statements of ``once`` that give a name a whole number (a size,
     B = t.shape[0]; not a truth value)."""
-    return {id(statement) for statement, value in once
-            if isinstance(value, (int, np.integer)) and not isinstance(value, bool)}
+    return {id(statement) for statement, value in once if is_whole(value)}
 
 
 def _made_array(edit):
