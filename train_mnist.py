@@ -21,7 +21,7 @@ import traceback
 import warnings
 
 from tinyvit.allocator import keep_freed_memory
-from tinyvit.backend import BackendError
+from tinyvit.backend import BackendError, environment_backend
 from tinyvit.data import DatasetError
 from tinyvit.fast import check_environment
 from tinyvit.files import NoSpaceError
@@ -238,6 +238,8 @@ def main(argv=None):
         with warnings.catch_warnings():  # more threads than cores: the start's line says it
             warnings.simplefilter("ignore", RuntimeWarning)  # where the kernels run here
             check_environment()  # TINYVIT_NUM_THREADS, TINYVIT_NUMBA, TINYVIT_MKL, read again
+        if mode != "train":  # these run on TINYVIT_BACKEND's backend; a run, on its config's
+            environment_backend()
         config = make_config(args) if mode == "train" else None
         world = communicator() if size > 1 else None
     except (ValueError, LaunchError) as error:  # a flag out of range, or one its mode would

@@ -41,12 +41,29 @@ def test_unpooled_bytes_come_from_no_memory_pool(backend):
         assert pool.total_bytes() == 0
 
 
-def test_a_bad_tinyvit_backend_is_named_at_import():
+def test_tinyvit_backend_takes_any_case_and_a_bad_value_is_named_at_first_use():
+    """Read where the backend is first needed, not at import: ``import tinyvit`` works
+    whatever the variable says, and a backend chosen in code wins over it."""
     import subprocess
 
-    env = {**os.environ, "TINYVIT_BACKEND": "abc"}
-    run = subprocess.run([sys.executable, "-c", "import tinyvit"], env=env, capture_output=True,
-                         text=True)
-    assert run.returncode == 1
-    assert run.stderr.splitlines()[-1] == ("ValueError: TINYVIT_BACKEND='abc': backend must be "
-                                           "one of ('numpy', 'cupy'), got 'abc'")
+    def run(value, code):
+        env = {**os.environ, "TINYVIT_BACKEND": value}
+        return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                              text=True)
+
+    assert run("NumPy", "import tinyvit; print(tinyvit.backend.get_backend())").stdout == "numpy\n"
+    chosen = run("abc", "import tinyvit; tinyvit.set_backend('numpy'); print(tinyvit.backend.xp)")
+    assert chosen.stdout == "<tinyvit array module: numpy>\n"
+    bad = run("abc", "import tinyvit; print('imported'); tinyvit.ViT()")
+    assert bad.stdout == "imported\n"
+    assert bad.stderr.splitlines()[-1] == ("ValueError: TINYVIT_BACKEND: expected numpy or cupy "
+                                           "(in any case), got 'abc'")
+
+
+def test_using_backend_before_any_choice_leaves_the_variable_to_decide(monkeypatch):
+    monkeypatch.setattr(B, "_active", None)  # as imported: nothing chosen yet
+    monkeypatch.setenv("TINYVIT_BACKEND", "abc")
+    with B.using_backend("numpy"):
+        assert B.on_cpu()
+    with pytest.raises(ValueError, match=r"^TINYVIT_BACKEND: expected numpy or cupy"):
+        B.get_backend()

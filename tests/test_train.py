@@ -383,6 +383,27 @@ def test_cli_reports_a_missing_cupy_in_one_line(tmp_path, monkeypatch, capsys, a
     assert list(tmp_path.iterdir()) == []  # nothing written
 
 
+def test_a_runs_backend_wins_over_tinyvit_backend_which_eval_reads_in_any_case(
+        stripes, tmp_path, monkeypatch, capsys):
+    """TINYVIT_BACKEND is read where the backend is first needed: a run sets its config's
+    (--backend, the recipe's) before that, --eval and --predict run on the variable's,
+    and a bad value is one line before any work."""
+    monkeypatch.setattr(B, "_active", None)  # as imported: no backend chosen yet
+    monkeypatch.setenv("TINYVIT_BACKEND", "abc")
+    out = tmp_path / "run"
+    assert train_mnist.main(["--data-dir", str(stripes), "--out", str(out), "--epochs", "1",
+                             "--backend", "numpy", "--workers", "1", "--embed-dim", "16",
+                             "--depth", "1", "--num-heads", "2", "--batch-size", "32"]) == 0
+    capsys.readouterr()
+    assert train_mnist.main(["--eval", str(out / "best.npz"), "--data-dir", str(stripes)]) == 2
+    assert capsys.readouterr().err == ("train_mnist.py: error: TINYVIT_BACKEND: expected numpy "
+                                       "or cupy (in any case), got 'abc'\n")
+    monkeypatch.setattr(B, "_active", None)
+    monkeypatch.setenv("TINYVIT_BACKEND", "NumPy")
+    assert train_mnist.main(["--eval", str(out / "best.npz"), "--data-dir", str(stripes)]) == 0
+    assert B.get_backend() == "numpy"
+
+
 def test_predict_rejects_a_file_that_is_not_an_image(stripes, tmp_path, capsys):
     fit(tiny_config(stripes, tmp_path / "run", epochs=1))
     model, config = load_trained(tmp_path / "run" / "best.npz")

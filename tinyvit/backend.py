@@ -3,8 +3,9 @@
 Every other module does ``from .backend import xp`` and writes ``xp.exp(x)``;
 ``xp`` forwards to whichever array module is active, so switching backend is
 one call (``tinyvit.set_backend("cupy")``) or one environment variable
-(``TINYVIT_BACKEND=cupy``, read at import). This is the only file that imports
-numpy or cupy by name for array work.
+(``TINYVIT_BACKEND=cupy``, in any case, read where the backend is first needed:
+see ``_module``). This is the only file that imports numpy or cupy by name for
+array work.
 
 Also here: moving arrays between host and device, a seeded random generator on
 the active backend, and the default float dtype (float32 for training, float64
@@ -17,8 +18,9 @@ from contextlib import contextmanager, nullcontext
 import numpy
 
 BACKENDS = ("numpy", "cupy")
+ENVIRONMENT_VARIABLE = "TINYVIT_BACKEND"
 
-_active = numpy
+_active = None  # numpy or cupy; None until set_backend or the first use (_module) sets it
 _default_dtype = numpy.float32
 
 
@@ -26,10 +28,10 @@ class _ArrayModule:
     """Forwards attribute access to the active array module (numpy or cupy)."""
 
     def __getattr__(self, name):
-        return getattr(_active, name)
+        return getattr(_active or _module(), name)  # on every xp.f: _module() until one is set
 
     def __repr__(self):
-        return f"<tinyvit array module: {_active.__name__}>"
+        return f"<tinyvit array module: {get_backend()}>"
 
 
 xp = _ArrayModule()
@@ -37,6 +39,33 @@ xp = _ArrayModule()
 
 class BackendError(RuntimeError):
     """The backend asked for cannot run here: CuPy is missing, or CUDA sees no GPU."""
+
+
+def _module():
+    """The active array module. Until ``set_backend`` chooses one, the first call
+    takes the one ``TINYVIT_BACKEND`` names: read at first use, not at import, so
+    that a backend chosen in code (a command's ``--backend``) wins over the
+    variable, and a bad value is an error where the backend is needed, not a
+    traceback of ``import tinyvit``."""
+    if _active is None:
+        name = environment_backend()
+        try:
+            set_backend(name)
+        except BackendError as error:  # named: it comes from the environment
+            raise BackendError(f"{ENVIRONMENT_VARIABLE}={name!r}: {error}") from None
+    return _active
+
+
+def environment_backend():
+    """The backend ``TINYVIT_BACKEND`` names, in any case ("NumPy", "CUPY"): numpy where
+    it is unset or empty; a ValueError naming the variable, its value and the accepted
+    ones otherwise."""
+    value = os.environ.get(ENVIRONMENT_VARIABLE, "")
+    name = value.lower() or "numpy"
+    if name not in BACKENDS:
+        raise ValueError(f"{ENVIRONMENT_VARIABLE}: expected {' or '.join(BACKENDS)} (in any "
+                         f"case), got {value!r}")
+    return name
 
 
 def _import_cupy():
@@ -66,12 +95,12 @@ def set_backend(name):
 
 def get_backend():
     """Name of the active backend: "numpy" or "cupy"."""
-    return _active.__name__
+    return _module().__name__
 
 
 def on_cpu():
     """True when the active backend is NumPy (arrays live on the host)."""
-    return _active is numpy
+    return _module() is numpy
 
 
 def cupy_available():
@@ -85,13 +114,15 @@ def cupy_available():
 
 @contextmanager
 def using_backend(name):
-    """Run a block under another backend, then restore the previous one."""
-    previous = get_backend()
+    """Run a block under another backend, then restore the previous one (or none
+    chosen yet: ``TINYVIT_BACKEND`` is then read where the backend is next needed)."""
+    global _active
+    previous = _active
     set_backend(name)
     try:
         yield
     finally:
-        set_backend(previous)
+        _active = previous
 
 
 def set_default_dtype(dtype):
@@ -128,7 +159,7 @@ def default_dtype(dtype):
 
 def to_device(a, dtype=None):
     """An array on the active backend (a no-op for one already there)."""
-    return _active.asarray(a, dtype=dtype)
+    return _module().asarray(a, dtype=dtype)
 
 
 def to_host(a):
@@ -144,16 +175,17 @@ def unpooled_bytes(nbytes):
     """A uint8 array of ``nbytes`` in memory of its own: on a GPU allocated directly
     (cudaMalloc), not from whichever memory pool is active (a CUDA graph's private
     one, which may go before the array does), and freed with the array."""
-    if _active is numpy:
+    if on_cpu():
         return numpy.empty(nbytes, dtype=numpy.uint8)
-    memory = _active.cuda.MemoryPointer(_active.cuda.Memory(nbytes), 0)
-    return _active.ndarray((nbytes,), dtype=_active.uint8, memptr=memory)
+    cupy = _module()
+    memory = cupy.cuda.MemoryPointer(cupy.cuda.Memory(nbytes), 0)
+    return cupy.ndarray((nbytes,), dtype=cupy.uint8, memptr=memory)
 
 
 def nccl():
     """CuPy's NCCL binding (``cupy.cuda.nccl``: sums across GPUs), or None on NumPy or
     where CuPy came without NCCL."""
-    if _active is numpy:
+    if on_cpu():
         return None
     from cupy.cuda import nccl as binding
 
@@ -164,7 +196,7 @@ def write(a, values):
     """Copy host ``values`` (a sequence or NumPy array of a's shape) into the array
     ``a`` in place; on a GPU queued on the current stream, the host not waiting. Not
     inside a captured CUDA graph, which refuses copies from the host: write before."""
-    if _active is numpy:
+    if on_cpu():
         a[...] = values
     else:
         a.set(numpy.ascontiguousarray(values, dtype=a.dtype).reshape(a.shape))
@@ -177,7 +209,7 @@ def address(a):
 
 def is_array(a):
     """True for an ndarray of the active backend."""
-    return isinstance(a, _active.ndarray)
+    return isinstance(a, _module().ndarray)
 
 
 def rng(seed):
@@ -188,7 +220,7 @@ def rng(seed):
     what the two share: ``random(size, dtype)``, ``standard_normal(size, dtype)``,
     ``integers(low, high, size)`` and ``permutation(n)``.
     """
-    return _active.random.default_rng(seed)
+    return _module().random.default_rng(seed)
 
 
 def host_rng(seed):
@@ -201,17 +233,11 @@ def quiet_overflow():
     """A context in which NumPy does not warn of overflow or invalid values (inf,
     nan): for the training step, where the divergence check reports them in one line
     instead. CuPy never warns, so there it does nothing."""
-    return numpy.errstate(over="ignore", invalid="ignore") if _active is numpy else nullcontext()
+    return numpy.errstate(over="ignore", invalid="ignore") if on_cpu() else nullcontext()
 
 
 def synchronize():
     """Wait for the GPU to finish queued work (for timing); a no-op on NumPy."""
-    if _active is not numpy:
-        _active.cuda.get_current_stream().synchronize()
+    if not on_cpu():
+        _module().cuda.get_current_stream().synchronize()
 
-
-if os.environ.get("TINYVIT_BACKEND"):
-    try:
-        set_backend(os.environ["TINYVIT_BACKEND"])
-    except (ValueError, BackendError) as error:  # named: it comes from the environment
-        raise type(error)(f"TINYVIT_BACKEND={os.environ['TINYVIT_BACKEND']!r}: {error}") from None

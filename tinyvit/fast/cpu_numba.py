@@ -32,7 +32,8 @@ import math
 import os
 import threading
 
-from ..backend import xp
+import numpy as np  # the loops' scalars: they run on the CPU
+
 from .settings import EnvironmentSetting
 
 INSTALLED = importlib.util.find_spec("numba") is not None  # imported at the first call
@@ -88,7 +89,7 @@ def jit_disabled():
 
 # -- exp in float32 ----------------------------------------------------------------------
 
-F, I32 = xp.float32, xp.int32  # numpy's: the loops run on the CPU
+F, I32 = np.float32, np.int32  # not through xp, which would choose the backend at import
 LOG2E = F(1 / math.log(2))
 LN2_HI, LN2_LO = F(0.693145751953125), F(math.log(2) - 0.693145751953125)  # ln 2 = HI + LO
 HALF, ONE, ZERO = F(0.5), F(1.0), F(0.0)
