@@ -207,7 +207,14 @@ def make_config(args):
     values.setdefault("out_dir", f"runs/{args.recipe or values.get('dataset', 'mnist')}")
     if launched()[1] == 1:  # under mpiexec, its processes share each batch
         values.setdefault("workers", auto_workers(values.get("backend", "numpy")))
-    return TrainConfig(**values, model_overrides=model_overrides)
+    config = TrainConfig(**values, model_overrides=model_overrides)
+    # a --warmup that outlasts the run; not a recipe's under fewer --epochs (a run of one
+    # epoch to time a recipe), nor with a budget, whose epochs are planned after the first
+    if "warmup_epochs" in given and config.warmup_epochs > config.epochs and not config.budget:
+        raise ValueError(f"warmup_epochs must be at most epochs (the learning rate rises to lr "
+                         f"over the warmup), got warmup_epochs {config.warmup_epochs:g} and "
+                         f"epochs {config.epochs}")
+    return config
 
 
 def run(args, mode, config):

@@ -219,6 +219,9 @@ def test_cli_trains_evaluates_and_predicts(stripes, tmp_path, capsys):
     (["--seed", "-1"], "seed must be at least 0, got -1"),
     (["--mixup", "inf"], "mixup must be a finite number, got inf"),
     (["--warmup", "nan"], "warmup_epochs must be a finite number, got nan"),
+    (["--epochs", "2", "--warmup", "2.5"], "warmup_epochs must be at most epochs (the learning "
+                                           "rate rises to lr over the warmup), got "
+                                           "warmup_epochs 2.5 and epochs 2"),
     (["--reset-head"], "reset_head: a zero head for the weights of init, but no init is given "
                        "(--reset-head goes with --init)"),
     (["--budget", "5", "--epochs", "2"],
@@ -293,6 +296,17 @@ def test_epochs_given_beat_a_recipes_budget():
     assert (config.epochs, config.budget) == (3, 0)
     args, _ = train_mnist.parse_args(["--recipe", "mnist-hybrid"])
     assert train_mnist.make_config(args).budget == 10
+
+
+def test_a_warmup_longer_than_the_run_is_refused_only_where_the_flag_gives_it():
+    """A recipe's warmup stays under fewer --epochs (one epoch that times a recipe), a
+    budget's epochs are planned after the first, and TrainConfig takes it: the
+    checkpoints of a run trained so still load."""
+    args, _ = train_mnist.parse_args(["--recipe", "cifar10", "--epochs", "1"])
+    assert train_mnist.make_config(args).warmup_epochs == 2
+    args, _ = train_mnist.parse_args(["--recipe", "mnist-hybrid", "--warmup", "30"])
+    assert train_mnist.make_config(args).warmup_epochs == 30
+    assert TrainConfig(epochs=1, warmup_epochs=3).warmup_epochs == 3
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root may write into any folder")
