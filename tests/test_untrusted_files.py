@@ -80,6 +80,13 @@ def with_arrays(path, changes):
     return path
 
 
+def with_first_value(path, name, value):
+    """A checkpoint whose entry ``name`` has ``value`` for its first value."""
+    array = checkpoint_arrays()[name].copy()
+    array.flat[0] = value
+    return with_arrays(path, {name: array})
+
+
 def bomb(path, megabytes=200):
     """A .npz file of one deflated member: a float32 array of ``megabytes`` of zeros,
     which deflate to a thousandth of that. Written chunk by chunk."""
@@ -175,6 +182,14 @@ BAD_FILES = {
         lambda p: with_arrays(p, {"model/extra": np.zeros(3, np.float32)}),
         tensors_mismatch(TINY, "20 tensors of 3,514 values", "21 tensors of 3,517 values",
                          "unexpected tensor extra of shape (3,)")),
+    "NaN weight": (
+        lambda p: with_first_value(p, "model/blocks.0.mlp.fc1.weight", np.nan),
+        "entry 'model/blocks.0.mlp.fc1.weight' is not finite, expected finite weights, got 1 "
+        "NaN and 0 infinite of its 512 values"),
+    "infinite weight": (
+        lambda p: with_first_value(p, "model/head.bias", -np.inf),
+        "entry 'model/head.bias' is not finite, expected finite weights, got 0 NaN and 1 "
+        "infinite of its 10 values"),
 }
 
 RUN_CONFIG_KINDS = ("unknown config field", "wrong-typed field")  # the trainer's config
@@ -299,6 +314,12 @@ def test_a_bad_model_file(tmp_path):
     with pytest.raises(CheckpointError, match="expected at least 1000000000 tensors for depth "
                                               "1000000000, got 20"):
         load_model(tmp_path / "bad.npz")
+    np.savez(tmp_path / "bad.npz", **{**arrays, "pos_embed": np.full((1, 17, 16), np.inf)})
+    with pytest.raises(CheckpointError) as error:
+        load_model(tmp_path / "bad.npz")
+    assert str(error.value) == (f"{tmp_path / 'bad.npz'}: entry 'pos_embed' is not finite, "
+                                "expected finite weights, got 0 NaN and 272 infinite of its "
+                                "272 values")
 
 
 @pytest.mark.parametrize("name", [name for name in PRESETS if not name.startswith("vit_")])
@@ -338,6 +359,7 @@ def run_command(*args):
     ("unknown config field", ["train_mnist.py", "--resume", "{path}"]),
     ("embed_dim=4096, small arrays", ["train_mnist.py", "--predict", "digit.png",
                                       "--checkpoint", "{path}"]),
+    ("NaN weight", ["train_mnist.py", "--predict", "digit.png", "--checkpoint", "{path}"]),
     ("huge .npy header", ["-m", "tinyvit.convert", "{path}", "{path}.out.npz"]),
 ])
 def test_commands_report_a_bad_file_in_one_line(tmp_path, kind, args):

@@ -15,8 +15,9 @@ Reading goes through ``npz.open_npz``, which reads no array before the whole fil
 has been checked (its docstring lists the checks); then the configs in the text
 entries are checked, field by field, and the arrays the model config asks for
 against the headers (``names.check_rules``), no other array. Only then are the
-arrays read and a model built. Every error is a CheckpointError of one line
-naming the file, what is wrong, what was expected and what came.
+arrays read (the weights checked finite) and a model built. Every error is a
+CheckpointError of one line naming the file, what is wrong, what was expected and
+what came.
 """
 
 import dataclasses
@@ -76,6 +77,21 @@ def check_state(path, kind, config, entries):
                 error=CheckpointError)
 
 
+def read_finite(npz, prefix, names):
+    """``{name: array}``, the entry ``prefix + name`` of an open file for each of
+    ``names``, each finite: one NaN or inf among the weights makes every output NaN.
+    A run saves none (it stops where its loss or gradient is not finite), but a file
+    may come from anyone; a CheckpointError names the first entry that is not."""
+    arrays = {name: npz.read(prefix + name) for name in names}
+    for name, array in arrays.items():
+        nan, inf = int(np.isnan(array).sum()), int(np.isinf(array).sum())
+        if nan or inf:
+            raise CheckpointError(f"{npz.path}: entry {prefix + name!r} is not finite, expected "
+                                  f"finite weights, got {nan:,} NaN and {inf:,} infinite of its "
+                                  f"{array.size:,} values")
+    return arrays
+
+
 # -- model files ----------------------------------------------------------------------
 
 
@@ -95,7 +111,7 @@ def read_model_file(npz):
     config = config_from_json(npz.path, "__config__", ViTConfig, npz.json("__config__"))
     entries = {name: entry for name, entry in npz.entries.items() if name != "__config__"}
     check_state(npz.path, "tinyvit", config, entries)
-    return config, {name: npz.read(name) for name in entries}
+    return config, read_finite(npz, "", entries)
 
 
 def load_model(path, dtype=None):
@@ -214,7 +230,7 @@ def read_training_checkpoint(npz, run_config=None, optimizer=True):
     if optimizer:
         parameters = sum(map(math.prod, tinyvit_shapes(model_config)[0].values()))
         _check_optimizer(npz.path, meta["config"].get("optimizer", "adamw"), parameters, optim)
-    model_state = {k: npz.read("model/" + k) for k in model}
+    model_state = read_finite(npz, "model/", model)
     optim_state = {k: npz.read("optim/" + k) for k in optim} if optimizer else {}
     return Checkpoint(meta, config, model_config, model_state, optim_state)
 
