@@ -206,6 +206,23 @@ def test_a_new_run_into_a_folder_holding_a_run_is_refused_leaving_it_whole(strip
                                               f"already ({a / 'best.npz'})")
 
 
+def test_a_folder_whose_last_npz_is_no_checkpoint_says_so_and_keeps_every_file(stripes, tmp_path,
+                                                                              capsys):
+    """Random bytes named last.npz are no run to continue: the refusal says what the file
+    is, as --resume would, and the new run writes nothing over it."""
+    a = tmp_path / "a"
+    a.mkdir()
+    (a / "last.npz").write_bytes(np.random.default_rng(0).bytes(5000))
+    (a / "notes.txt").write_text("mine")
+    before = {p.name: p.read_bytes() for p in a.iterdir()}
+    assert train_mnist.main(cli(stripes, a, "--epochs", "1")) == 2
+    assert capsys.readouterr().err == (
+        f"train_mnist.py: error: {a / 'last.npz'} is not a tinyvit checkpoint (expected a .npz "
+        "file (a zip archive), got a file that does not start with the zip signature): no run "
+        "to continue, and a new run would write over it; move it away, or give another --out\n")
+    assert {p.name: p.read_bytes() for p in a.iterdir()} == before
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--out", "{tmp}/afile"], "out_dir: expected a folder, but {tmp}/afile is a file"),
     (["--out", "{tmp}/afile/run"],

@@ -34,8 +34,9 @@ from ..fast.blocks import available_cores, num_threads
 from ..files import NoSpaceError, atomic_write
 from ..models import ViT
 from ..weights import CheckpointError, save_checkpoint, saved_model_config
-from ..weights.checkpoint import read_checkpoint
+from ..weights.checkpoint import read_checkpoint, read_meta
 from ..weights.fields import check_json_fields
+from ..weights.npz import open_npz
 from .budget import keep_to_budget, plan_epochs
 from .build import build_model, init_path, make_batches
 from .config import RunRefused, check_out_folder
@@ -119,12 +120,29 @@ def fit(config, resume=None, stop_after_steps=None, out_dir=None, data_dir=None)
 def check_new_folder(out):
     """A new run, or one continued from a checkpoint other than the folder's own
     last.npz, does not write over a run's checkpoints: a RunRefused if ``out`` holds a
-    last.npz or a best.npz."""
+    last.npz or a best.npz. One that is not a tinyvit checkpoint (random bytes,
+    another program's file) is refused too, so that nothing of the user's is written
+    over, but said to be no run's (``check_run_checkpoint``): --resume could not
+    continue it."""
     for name in ("last.npz", "best.npz"):
         if (out / name).exists():
+            check_run_checkpoint(out / name)
             raise RunRefused(f"{out} holds a run already ({out / name}): continue it with "
                              f"--resume {out}, or give another --out (or delete {out} to "
                              f"start over)")
+
+
+def check_run_checkpoint(path):
+    """A RunRefused naming ``path`` unless it is a training checkpoint (a .npz file with
+    a run's meta), with the reason its reader gives."""
+    try:
+        with open_npz(path) as npz:
+            read_meta(npz)
+    except CheckpointError as error:
+        reason = str(error).removeprefix(f"{path}: ")
+        raise RunRefused(f"{path} is not a tinyvit checkpoint ({reason}): no run to continue, "
+                         f"and a new run would write over it; move it away, or give another "
+                         f"--out") from None
 
 
 def _prepare(config, resumed, processes):
