@@ -633,6 +633,22 @@ def test_convert_command(backend, tmp_path, capsys):
     assert err.startswith("error: ") and err.count("\n") == 1 and "num_heads" in err
 
 
+@needs_safetensors
+def test_convert_names_the_config_json_a_timm_file_takes(backend, tmp_path, capsys):
+    """A timm file without tinyvit's metadata takes the config.json beside it, as the
+    hub lays a model out; the command's output says which file it was."""
+    model = tiny_vit()
+    save_safetensors(tmp_path / "model.safetensors", model.state_dict())
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"architecture": "vit_tiny_patch16_224", "num_classes": 5,
+         "pretrained_cfg": {"input_size": [3, 12, 12]}}))
+    assert convert_main([str(tmp_path / "model.safetensors"), str(tmp_path / "m.npz")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[:2] == [f"{tmp_path / 'model.safetensors'}: timm state dict",
+                         f"config from {tmp_path / 'config.json'} (vit_tiny_patch16_224)"]
+    assert load_model(tmp_path / "m.npz").config == model.config
+
+
 def test_convert_bad_input_is_one_line_without_traceback(tmp_path):
     (tmp_path / "pytorch_model.bin").write_bytes(b"never unpickled")
     command = [sys.executable, "-m", "tinyvit.convert", str(tmp_path / "pytorch_model.bin"),
