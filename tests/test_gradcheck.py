@@ -80,6 +80,18 @@ def test_an_unknown_layer_is_named(capsys):
     assert "no case named Transformer; the cases: Linear, Patchify" in capsys.readouterr().err
 
 
+def test_a_bad_tinyvit_backend_is_one_line_and_the_flag_wins(monkeypatch, capsys):
+    monkeypatch.setenv("TINYVIT_BACKEND", "abc")
+    with pytest.raises(SystemExit):
+        command.main([])
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "python -m tinyvit.gradcheck: error: TINYVIT_BACKEND: expected numpy or cupy (in any "
+        "case), got 'abc'")
+    assert command.parse_args(["--backend", "numpy"]).backend == "numpy"
+    monkeypatch.setenv("TINYVIT_BACKEND", "NumPy")
+    assert command.parse_args([]).backend == "numpy"
+
+
 def test_a_missing_cupy_is_one_line(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", None)  # `import cupy` raises ImportError, GPU or not
     with pytest.raises(SystemExit, match=r"^python -m tinyvit.gradcheck: backend 'cupy' needs "

@@ -388,6 +388,15 @@ def test_cli_errors_are_clear(checkpoint, tmp_path):
         inspect.main([str(checkpoint), "--image", str(not_image)])
 
 
+def test_cli_reports_a_bad_tinyvit_backend_in_one_line(checkpoint, monkeypatch, capsys):
+    monkeypatch.setenv("TINYVIT_BACKEND", "abc")
+    with pytest.raises(SystemExit):
+        inspect.main([str(checkpoint)])
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "python -m tinyvit.inspect: error: TINYVIT_BACKEND: expected numpy or cupy (in any "
+        "case), got 'abc'")
+
+
 def test_cli_reports_a_missing_cupy_in_one_line(checkpoint, monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", None)  # `import cupy` raises ImportError, GPU or not
     with pytest.raises(SystemExit, match=r"^inspect: backend 'cupy' needs CuPy: install it with"):

@@ -9,7 +9,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from .backend import BACKENDS, BackendError, get_backend, set_backend, xp
+from .backend import BACKENDS, BackendError, environment_backend, set_backend, xp
 from .data import DatasetError, dataset_info, load_image
 from .train import load_trained, make_batches
 from .viz.inspection import write_pictures
@@ -31,10 +31,14 @@ def parse_args(argv):
     p.add_argument("--num-maps", type=int, default=6,
                    help="test images for the attention maps when no --image is given (default 6)")
     p.add_argument("--out", help="output folder (default: <checkpoint folder>/inspect)")
-    p.add_argument("--backend", choices=BACKENDS, default=get_backend(),
-                   help="the array backend (default: the active one, numpy unless "
-                        "TINYVIT_BACKEND says otherwise)")
+    p.add_argument("--backend", choices=BACKENDS,
+                   help="the array backend (default: the one TINYVIT_BACKEND names, numpy "
+                        "where it is unset)")
     args = p.parse_args(argv)
+    try:
+        args.backend = args.backend or environment_backend()
+    except ValueError as error:  # TINYVIT_BACKEND's value
+        p.error(str(error))
     if args.num_images < 1 or args.num_maps < 1:
         p.error("--num-images and --num-maps must be at least 1")
     return args

@@ -26,17 +26,22 @@ TIERS = {"both": ("reference", "fast"), "reference": ("reference",), "fast": ("f
 
 
 def parse_args(argv):
-    names = [name for name, _ in cases()]
+    with backend.using_backend("numpy"):  # the names alone: main draws the cases' inputs
+        names = [name for name, _ in cases()]  # again, on the backend chosen
     p = argparse.ArgumentParser(prog="python -m tinyvit.gradcheck", description=__doc__.split(
         "\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--layer", nargs="+", action="extend", metavar="NAME",
                    help=f"check these cases alone (several allowed): {', '.join(names)}")
     p.add_argument("--tier", choices=TIERS, default="both",
                    help="the reference layers, their fast kernels, or both (default)")
-    p.add_argument("--backend", choices=backend.BACKENDS, default=backend.get_backend(),
-                   help="the array backend (default: the active one, numpy unless "
-                        "TINYVIT_BACKEND says otherwise)")
+    p.add_argument("--backend", choices=backend.BACKENDS,
+                   help="the array backend (default: the one TINYVIT_BACKEND names, numpy "
+                        "where it is unset)")
     args = p.parse_args(argv)
+    try:
+        args.backend = args.backend or backend.environment_backend()
+    except ValueError as error:  # TINYVIT_BACKEND's value
+        p.error(str(error))
     unknown = [name for name in args.layer or () if name not in names]
     if unknown:
         p.error(f"no case named {', '.join(unknown)}; the cases: {', '.join(names)}")
