@@ -183,6 +183,11 @@ PLANTED = {  # exercise: (the library's line, the learner's mistake, what the fa
         "linear", ("self.weight.grad += dout2.T @ x2", "self.weight.grad += x2.T @ dout2"),
         "weight's gradient must have its array's shape (5, 7), but you add to it shape (7, 5), "
         "the transpose: dW = dy^T x (out, in), not x^T dy"),
+    "dx, named otherwise, reshaped to dout's shape": (  # the library's reshape, on dX
+        "linear", ("dx = dout2 @ self.weight.data  # (M, in)\n        return dx.reshape(*dout."
+                   "shape[:-1], self.in_features)",
+                   "dX = dout2 @ self.weight.data\n        return dX.reshape(dout.shape)"),
+        "-> return dX.reshape(*dout.shape[:-1], self.in_features)"),
     "a gradient assigned instead of accumulated": (
         "linear", ("self.weight.grad += dout2.T @ x2", "self.weight.grad = dout2.T @ x2"),
         "weight's gradient is assigned, not accumulated: a second backward without zero_grad "

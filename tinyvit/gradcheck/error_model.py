@@ -896,7 +896,12 @@ class _Proposer:
         whole = slot[1] == "value" and isinstance(slot[0], ast.stmt)
         names = names_in(node)
         for term in self.scope.terms:
-            if ast.unparse(term) == text or not self.known(term):
+            if ast.unparse(term) == text:
+                continue
+            if not self.known(term):  # dx.reshape(*dout.shape[:-1], self.in_features), on
+                made = _called_on(term, node)  # the code's own dX for the reference's dx
+                if made is not None and self.known(made) and ast.unparse(made) != text:
+                    self.add("reference", slot, made, extra=0.5, term=ast.unparse(made))
                 continue
             if kind is not None and _kind(term) == kind:
                 self.add("reference", slot, copy.deepcopy(term), term=ast.unparse(term))
@@ -908,6 +913,19 @@ class _Proposer:
                 made = _taken_of(term, node.id, first=True)
                 if made is not None and self.known(made):
                     self.add("reference", slot, made, extra=0.5, term=ast.unparse(made))
+
+
+def _called_on(term, node):
+    """The reference's method call ``term`` made on ``node``'s receiver, where both call
+    the same method (x.reshape(...)); else None."""
+    if not (isinstance(term, ast.Call) and isinstance(term.func, ast.Attribute)
+            and isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and term.func.attr == node.func.attr):
+        return None
+    call = ast.Call(func=ast.Attribute(value=node.func.value, attr=term.func.attr,
+                                       ctx=ast.Load()),
+                    args=copy.deepcopy(term.args), keywords=copy.deepcopy(term.keywords))
+    return located(call, node)
 
 
 def _kind(node):
