@@ -92,6 +92,23 @@ def test_no_notebook_shows_the_librarys_backward_above_the_blank(workbook):
             "attempt that ran, `python -m tinyvit.learn solution 12` shows it.)*") in core
 
 
+def markdown_of(workbook, name):
+    return "".join("".join(c["source"]) for c in cells(workbook / by_name(name).notebook)
+                   if c["cell_type"] == "markdown")
+
+
+def test_no_notebook_shows_another_exercises_answer_or_a_formula_of_its_own(workbook):
+    """Ex10's section holds ex11's fused line; ex19's page writes its answer with B where the
+    code reads log_probs.shape[0]. Names of functions and attributes stay."""
+    assert "(dA * A).sum(axis=-1, keepdims=True)" not in markdown_of(workbook, "softmax_jacobian")
+    assert "(xp.exp(log_probs) - t) * (dout / B)" not in markdown_of(workbook, "cross_entropy")
+    core = markdown_of(workbook, "attention_core")
+    assert "the attention dropout `self.attn_drop` and" in core
+    assert "(1, 3, 0, 2, 4)" not in core  # exercise 14's answer
+    assert "`tinyvit/data/augment.py` (tinyvit/data/augment.py)" not in markdown_of(
+        workbook, "cross_entropy")
+
+
 def test_the_derivation_is_read_from_the_page_when_the_notebook_is_written(tmp_path,
                                                                             monkeypatch):
     page = tmp_path / "backprop.md"

@@ -106,7 +106,8 @@ def _local(markdown):
     def said(match):
         text, target = match.groups()
         path = target.lstrip("./").split("#")[0]
-        return f"{text} ({path})" if path and not path.endswith(".md") else text
+        named = path and not path.endswith(".md") and text.strip("`") != path
+        return f"{text} ({path})" if named else text  # not `a/b.py` (a/b.py)
 
     return LINK.sub(said, markdown)
 
@@ -115,19 +116,31 @@ CODE = re.compile(r"^```python\n.*?^```\n", re.MULTILINE | re.DOTALL)
 INLINE = re.compile(r"(?<!`)`([^`\n]+)`(?!`)")  # `code` in a sentence
 ASSIGNED = re.compile(r"^\w+ \+?= ")  # "dS = ": the name a formula is given
 SHORTEST = 12  # shorter inline code is a name or a call (`dout`, `xp.exp`), not an answer
+DOTTED = re.compile(r"^[\w.]+$")  # a name, an attribute, a function: `self.attn_drop`
+NAME = re.compile(r"[A-Za-z_]\w*")
+FORMULA = re.compile(r"[-+*/@]")  # arithmetic: a formula, where a call or a name is not
 
 
 def _without_code(markdown, ex):
-    """The derivation with the library's code for exercise ``ex`` left out: its blocks of
-    code, and the code in its sentences that is a piece of ``solution(ex)`` (the softmax's
-    `A * (dA - ...)`, a transpose's axes). They are the answer, which the workbook keeps
-    until an attempt has run."""
-    code = "".join(solution(ex).split())
+    """The derivation with the library's code for the exercises left out: its blocks of
+    code, and the code in its sentences that is a piece of any exercise's solution (the
+    softmax's `A * (dA - ...)`, in the section ex10 and ex11 share; a transpose's axes), or a
+    formula in the names of ``ex``'s solution but for one (`(xp.exp(log_probs) - t) * (dout /
+    B)`, where the code writes log_probs.shape[0] for B). They are the answer, which the
+    workbook keeps until an attempt has run; names of functions and attributes stay."""
+    every = "".join("".join(solution(other).split()) for other in EXERCISES
+                    if other.number != TRAINING)
+    names = set(NAME.findall(solution(ex)))
+
+    def answer(text):
+        if len(text) < SHORTEST or DOTTED.match(text):
+            return False
+        own = set(NAME.findall(text))
+        formula = FORMULA.search(text) and len(own) >= 3 and len(own - names) <= 1
+        return "".join(text.split()) in every or bool(formula)
 
     def said(match):
-        text = ASSIGNED.sub("", match.group(1))
-        answer = len(text) >= SHORTEST and "".join(text.split()) in code
-        return "(code left out)" if answer else match.group(0)
+        return "(code left out)" if answer(ASSIGNED.sub("", match.group(1))) else match.group(0)
 
     return INLINE.sub(said, CODE.sub(
         f"*(The library's code for this step is left out here: it is the answer. After an "
