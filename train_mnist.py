@@ -97,7 +97,9 @@ def parse_args(argv):
                                       "(else $TINYVIT_DATA, the cache, a download)")
     p.add_argument("--out", dest="out_dir",
                    help="output folder (default runs/<recipe>; not one that holds a run)")
-    p.add_argument("--backend", choices=["numpy", "cupy"])
+    p.add_argument("--backend", choices=["numpy", "cupy"],
+                   help="the array backend (default: the recipe's, else the one "
+                        "TINYVIT_BACKEND names, else numpy)")
     p.add_argument("--seed", type=int)
     p.add_argument("--workers", type=int,
                    help="processes sharing each batch on NumPy (default: one per "
@@ -205,6 +207,8 @@ def make_config(args):
         recipe.pop("budget", None)
     values = {**recipe, **{k: v for k, v in given.items() if k in fields}}
     values.setdefault("out_dir", f"runs/{args.recipe or values.get('dataset', 'mnist')}")
+    if "backend" not in values:  # neither --backend nor the recipe's
+        values["backend"] = environment_backend()
     if launched()[1] == 1:  # under mpiexec, its processes share each batch
         values.setdefault("workers", auto_workers(values.get("backend", "numpy")))
     config = TrainConfig(**values, model_overrides=model_overrides)

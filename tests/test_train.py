@@ -418,6 +418,20 @@ def test_a_runs_backend_wins_over_tinyvit_backend_which_eval_reads_in_any_case(
     assert B.get_backend() == "numpy"
 
 
+def test_a_new_run_without_backend_or_recipe_takes_tinyvit_backend(monkeypatch):
+    """The variable names the backend where neither --backend nor the recipe does."""
+    monkeypatch.setenv("TINYVIT_BACKEND", "NumPy")
+    assert train_mnist.make_config(train_mnist.parse_args([])[0]).backend == "numpy"
+    monkeypatch.setenv("TINYVIT_BACKEND", "abc")
+    with pytest.raises(ValueError, match="^TINYVIT_BACKEND: expected numpy or cupy"):
+        train_mnist.make_config(train_mnist.parse_args([])[0])
+    assert train_mnist.make_config(train_mnist.parse_args(["--backend", "numpy"])[0]
+                                   ).backend == "numpy"
+    monkeypatch.setenv("TINYVIT_BACKEND", "numpy")  # a recipe's backend wins
+    assert train_mnist.make_config(train_mnist.parse_args(["--recipe", "cifar10-gpu"])[0]
+                                   ).backend == "cupy"
+
+
 def test_predict_rejects_a_file_that_is_not_an_image(stripes, tmp_path, capsys):
     fit(tiny_config(stripes, tmp_path / "run", epochs=1))
     model, config = load_trained(tmp_path / "run" / "best.npz")
