@@ -188,6 +188,9 @@ PLANTED = {  # exercise: (the library's line, the learner's mistake, what the fa
                    "shape[:-1], self.in_features)",
                    "dX = dout2 @ self.weight.data\n        return dX.reshape(dout.shape)"),
         "-> return dX.reshape(*dout.shape[:-1], self.in_features)"),
+    "a loop one offset short": (
+        "col2im", ("for i in range(kh):", "for i in range(kh - 1):"),
+        "-> for i in range(kh):", "kh, not kh - 1: one off"),
     "a gradient assigned instead of accumulated": (
         "linear", ("self.weight.grad += dout2.T @ x2", "self.weight.grad = dout2.T @ x2"),
         "weight's gradient is assigned, not accumulated: a second backward without zero_grad "
@@ -285,6 +288,13 @@ def test_a_planted_bug_fails_with_its_diagnosis(workbook, bug):
     assert f"a hint: python -m tinyvit.learn hint {by_name(name).number}" in paragraph
 
 
+def test_a_swap_in_a_call_is_not_given_another_steps_formula(workbook):
+    """Attention.backward's return is no dS of attend_backward's docstring."""
+    paragraph = failure_of(workbook, "attention", ("merge_qkv_grads(dq, dk, dv)",
+                                                   "merge_qkv_grads(dq, dv, dk)"))
+    assert "      dk and dv in the other order\n" in paragraph
+
+
 @pytest.mark.parametrize("returned, says", [
     ("dx = dout * (1.0 - y * y)", "your backward returned None, where the input's gradient, one "
      "array of shape (3, 7), is expected: is a return missing at its end?"),
@@ -294,7 +304,7 @@ def test_a_planted_bug_fails_with_its_diagnosis(workbook, bug):
 def test_a_backward_that_returns_no_array_is_told_so_without_a_search(workbook, returned, says):
     paragraph = failure_of(workbook, "tanh", ("return dout * (1.0 - y * y)", returned))
     assert paragraph.splitlines()[0] == f"exercise 2 (Tanh), case 1 of 3, input (3, 7): {says}"
-    assert "no edit of one or two lines" not in paragraph
+    assert "edits of one or two lines" not in paragraph and "no edit" not in paragraph
 
 
 @pytest.mark.parametrize("planted, at, says", [

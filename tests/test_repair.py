@@ -745,9 +745,9 @@ def test_the_search_keeps_to_its_time_and_then_measures():
     assert report.fix is None and report.search.seconds < 0.5 and spent < 3
     text = str(report)
     assert not report.search.ran_out  # every edit tried: no edit makes it right
-    assert (f"no edit of one or two lines makes every gradient right ({report.search.tried} "
-            f"tried in {report.search.seconds:.2f} s); what differs is measured under each "
-            "failing gradient") in text
+    assert (f"none of the edits of one or two lines that the search tries makes every "
+            f"gradient right ({report.search.tried} tried in {report.search.seconds:.2f} s); "
+            "what differs is measured under each failing gradient") in text
     assert "it differs at 80 of 80 entries, all of them" in text
 
 

@@ -15,7 +15,7 @@ import re
 import textwrap
 from pathlib import Path
 
-from .edits import ListHolder, walk
+from .edits import ListHolder, constant, walk
 from .trace import PACKAGE
 
 ONE_LINE = 100  # a change whose two sides fit in this many characters is one line
@@ -95,14 +95,15 @@ def said(fix, search, derivations=(), section_of=None):
 
 
 def not_found(search, makes, whose=""):
-    """The line of a search that found no fix: none among the edits the error model makes,
-    or, where the time was up first, none among those it had tried."""
+    """The line of a search that found no fix: none among the edits the error model makes
+    (which is not to say that no edit exists), or, where the time was up first, none among
+    those it had tried."""
     if search.ran_out:
         return (f"no edit of one or two lines {whose}that {makes} was found in the "
                 f"{search.seconds:.2f} s the search has ({_edits(search.tried)} tried, not "
                 "all of them)")
-    return f"no edit of one or two lines {whose}{makes} ({search.tried} tried in " \
-           f"{search.seconds:.2f} s)"
+    return (f"none of the edits of one or two lines {whose}that the search tries {makes} "
+            f"({search.tried} tried in {search.seconds:.2f} s)")
 
 
 def _edits(count):
@@ -340,6 +341,17 @@ def _transpose_reason(edit):
     return "by the matmul rule, Y = X Z gives dX = dY Z^T and dZ = X^T dY"
 
 
+def _off_by_one(edit):
+    """"kh, not kh - 1: one off" where a dropped term is a whole number; else None."""
+    old, new = edit.old[0], edit.new[0]
+    if not isinstance(old, ast.BinOp):
+        return None
+    dropped = old.right if new is old.left else old.left
+    if isinstance(constant(dropped), int):
+        return f"{ast.unparse(new)}, not {ast.unparse(old)}: one off"
+    return None
+
+
 def _swap_reason(edit):
     first, second = edit.detail["first"], edit.detail["second"]
     return f"{second} and {first} in the other order"
@@ -371,7 +383,7 @@ REASONS = {
                           if edit.detail.get("what") == "comparison" else "the other sign"),
     "drop": lambda edit: ("this step does not belong to the backward: it changes a value "
                           "that is right as it is" if edit.detail.get("what") == "statement"
-                          else "this term is not part of the derivation"),
+                          else _off_by_one(edit) or "this term is not part of the derivation"),
     "name": _name_reason,
     "transpose": _transpose_reason,
     "axes": lambda edit: (
@@ -421,9 +433,15 @@ SEGMENT = re.compile(r"\s+->\s+|\s{2,}|,\s+(?=d\w*\s*=)|;\s+")
 
 
 def _formula(edit, derivations):
-    """The formula a docstring gives for what ``edit``'s statement computes, or None."""
+    """The formula a docstring gives for what ``edit``'s statement computes, or None. A
+    return of an expression is read as dx or dS in the edited function's own docstrings
+    alone: Attention.backward's return is no dS of attend_backward's."""
     names = _targets(edit)
-    texts = [*derivations, *(_docstrings(edit))]
+    value = getattr(edit.statement, "value", None)
+    unnamed = isinstance(edit.statement, ast.Return) and not isinstance(value, (ast.Name,
+                                                                                ast.Tuple))
+    texts = [*derivations, *(_docstrings(edit) if not unnamed else [
+        edit.source.function.__doc__])]
     for name in names:
         for text in texts:
             for line in (text or "").splitlines():
