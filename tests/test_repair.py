@@ -303,6 +303,22 @@ class NamedScaleDropout(layers.Dropout):
         return dout * mask * scale
 
 
+class EveryOther(Module):
+    """y = x[:, ::2]; the backward computes the columns read with /, floats that index
+    nothing."""
+
+    def forward(self, x):
+        self.cache = x.shape
+        return x[:, ::2]
+
+    def backward(self, dout):
+        shape = self._take_cache()
+        dx = xp.zeros(shape)
+        read = xp.arange(shape[1])[::2] * 2 / 2
+        dx[:, read] = dout
+        return dx
+
+
 class LinearAndSquare(Module):
     """y = a x + b x^2, the backward with a and b exchanged between its two terms."""
 
@@ -585,8 +601,11 @@ def test_a_size_read_from_a_shape_is_kept_and_the_factor_goes_into_the_gradient(
     (OutputForInputGELU(), (3, 4), "return dout * (normal_cdf(x) + y * normal_pdf(x))  # y read "
      "where x is meant", "return dout * (normal_cdf(x) + x * normal_pdf(x))  # y read where x "
      "is meant"),
+    (EveryOther(), (3, 6), "read = xp.arange(shape[1])[::2] * 2 / 2",
+     "read = xp.arange(shape[1])[::2] * 2 // 2"),
 ], ids=["a size divided with /", "a slice that stops before entry 0",
-        "a factor inside exp's argument", "a square forgotten", "the output read for the input"])
+        "a factor inside exp's argument", "a square forgotten", "the output read for the input",
+        "indices divided with /"])
 def test_a_learners_slip_is_fixed_where_it_is(module, x, before, after):
     with B.default_dtype("float64"):
         report = gradient_check(module.astype("float64"), randn(*x))

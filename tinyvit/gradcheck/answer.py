@@ -323,7 +323,7 @@ def _factor_reason(edit):
         return ("squared, as the derivation has it (tanh(u)' = 1 - tanh(u)^2 = 1 / cosh(u)^2; "
                 "(u^2)' = 2 u)")
     if what == "whole":
-        return "a division in whole numbers (//): a size, as a shape takes, is a whole number"
+        return "a division in whole numbers (//): sizes and indices are whole numbers"
     if what == "true":
         return "a true division (/): // rounds down to a whole number"
     return "a division where the derivation multiplies (or the other way round)"

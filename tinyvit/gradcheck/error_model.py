@@ -441,11 +441,12 @@ class _Proposer:
         return [float(v) if isinstance(op, ast.Mult) else 1.0 / float(v) for v in values]
 
     def _whole(self, division):
-        """Whether a division may be of whole numbers (sizes): each side that could be
-        evaluated at this line held whole numbers (``shape[-1] / 2`` of a tuple the trace
-        does not keep may; ``1.0 / (1 - p)`` may not)."""
-        return all(is_whole(v) for side in (division.left, division.right)
-                   for v in self._evaluated(side))
+        """Whether a division may be of whole numbers (sizes, indices): each side that could
+        be evaluated at this line held whole numbers or arrays of them (``shape[-1] / 2`` of
+        a tuple the trace does not keep may; ``argmax / kw`` may; ``1.0 / (1 - p)`` may
+        not)."""
+        return all(is_whole(v) or (is_array(v) and v.dtype.kind in "iu")
+                   for side in (division.left, division.right) for v in self._evaluated(side))
 
     def _evaluated_shapes(self, node):
         """The shapes ``node`` takes on the values each call held at this line, where it
