@@ -16,9 +16,11 @@ Every flag is optional; ``--recipe`` picks a tested set of defaults (see
 
 import argparse
 import dataclasses
+import re
 import sys
 import traceback
 import warnings
+from pathlib import Path
 
 from tinyvit.allocator import keep_freed_memory
 from tinyvit.backend import BackendError, environment_backend
@@ -88,6 +90,18 @@ MODES = {"resume": ("out_dir", "data_dir"), "eval": ("data_dir", "test_subset"),
 
 
 def parse_args(argv):
+    p = make_parser()
+    args = p.parse_args(argv)
+    return args, check_mode(p, args)
+
+
+def flags_of(parser):
+    """{dest: the flag that sets it}: warmup_epochs is --warmup."""
+    return {action.dest: action.option_strings[0] for action in parser._actions
+            if action.option_strings}
+
+
+def make_parser():
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--recipe", choices=sorted(RECIPES),
@@ -163,14 +177,13 @@ def parse_args(argv):
                    help="evaluate on the first N images only (0: all of them)")
     g.add_argument("--eval-every", type=int,
                    help="epochs between test evaluations (the last is always evaluated)")
-    args = p.parse_args(argv)
-    return args, check_mode(p, args)
+    return p
 
 
 def check_mode(parser, args):
     """The mode: "train", or the one of --resume, --eval and --predict given, with only
     the flags it reads; otherwise a ValueError that names the flags."""
-    flag = {action.dest: action.option_strings[0] for action in parser._actions}
+    flag = flags_of(parser)
     given = [dest for dest, value in vars(args).items() if value is not None]
     modes = [dest for dest in given if dest in MODES]
     if len(modes) > 1:
@@ -185,8 +198,17 @@ def check_mode(parser, args):
         reads = " and ".join(flag[dest] for dest in MODES[mode])
         reads = (f"every setting from the checkpoint, and {reads}" if mode == "resume"
                  else f"only {reads}")
-        raise ValueError(f"{flag[mode]} takes {reads}: it would ignore {', '.join(ignored)}")
+        again = (f"; to change them, train a new run from its weights: --init "
+                 f"{_weights_of(args.resume)} with the flags" if mode == "resume" else "")
+        raise ValueError(f"{flag[mode]} takes {reads}: it would ignore {', '.join(ignored)}"
+                         f"{again}")
     return mode
+
+
+def _weights_of(resumed):
+    """The checkpoint a --resume names: the file, or a run folder's last.npz."""
+    path = Path(resumed)
+    return path if path.suffix == ".npz" else path / "last.npz"
 
 
 def make_config(args):
@@ -211,14 +233,28 @@ def make_config(args):
         values["backend"] = environment_backend()
     if launched()[1] == 1:  # under mpiexec, its processes share each batch
         values.setdefault("workers", auto_workers(values.get("backend", "numpy")))
-    config = TrainConfig(**values, model_overrides=model_overrides)
-    # a --warmup that outlasts the run; not a recipe's under fewer --epochs (a run of one
-    # epoch to time a recipe), nor with a budget, whose epochs are planned after the first
-    if "warmup_epochs" in given and config.warmup_epochs > config.epochs and not config.budget:
-        raise ValueError(f"warmup_epochs must be at most epochs (the learning rate rises to lr "
-                         f"over the warmup), got warmup_epochs {config.warmup_epochs:g} and "
-                         f"epochs {config.epochs}")
+    try:
+        config = TrainConfig(**values, model_overrides=model_overrides)
+        # a --warmup that outlasts the run; not a recipe's under fewer --epochs (a run of one
+        # epoch to time a recipe), nor with a budget, whose epochs are planned after the first
+        if "warmup_epochs" in given and config.warmup_epochs > config.epochs and not (
+                config.budget):
+            raise ValueError(f"warmup_epochs must be at most epochs (the learning rate rises to "
+                             f"lr over the warmup), got warmup_epochs {config.warmup_epochs:g} "
+                             f"and epochs {config.epochs}")
+    except ValueError as error:  # said with the flags the user gave, not the fields they set
+        raise ValueError(said_with_flags(str(error), given)) from None
     return config
+
+
+def said_with_flags(message, given):
+    """``message`` with each field that a flag given sets named as that flag:
+    "warmup_epochs must be at most epochs" is "--warmup must be at most --epochs"."""
+    flags = {dest: flag for dest, flag in flags_of(make_parser()).items() if dest in given}
+    if not flags:
+        return message
+    words = re.compile(r"\b(" + "|".join(map(re.escape, flags)) + r")\b")
+    return words.sub(lambda match: flags[match.group(1)], message)
 
 
 def run(args, mode, config):

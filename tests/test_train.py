@@ -209,20 +209,20 @@ def test_cli_trains_evaluates_and_predicts(stripes, tmp_path, capsys):
         assert probabilities == sorted(probabilities, reverse=True) and sum(probabilities) <= 1.0
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--epochs", "0"], "epochs must be at least 1, got 0"),
-    (["--eval-every", "0"], "eval_every must be at least 1, got 0"),
-    (["--batch-size", "-1"], "batch_size must be at least 1, got -1"),
-    (["--lr", "-1"], "lr must be positive, got -1.0"),
-    (["--patch-size", "5"], "image_size 28 is not divisible by patch_size 5"),
-    (["--dataset", "cifar10", "--num-heads", "0"], "num_heads must be at least 1, got 0"),
-    (["--seed", "-1"], "seed must be at least 0, got -1"),
-    (["--mixup", "inf"], "mixup must be a finite number, got inf"),
-    (["--warmup", "nan"], "warmup_epochs must be a finite number, got nan"),
-    (["--epochs", "2", "--warmup", "2.5"], "warmup_epochs must be at most epochs (the learning "
+@pytest.mark.parametrize("flags, message", [  # the fields the flags given set, named as those
+    (["--epochs", "0"], "--epochs must be at least 1, got 0"),
+    (["--eval-every", "0"], "--eval-every must be at least 1, got 0"),
+    (["--batch-size", "-1"], "--batch-size must be at least 1, got -1"),
+    (["--lr", "-1"], "--lr must be positive, got -1.0"),
+    (["--patch-size", "5"], "image_size 28 is not divisible by --patch-size 5"),
+    (["--dataset", "cifar10", "--num-heads", "0"], "--num-heads must be at least 1, got 0"),
+    (["--seed", "-1"], "--seed must be at least 0, got -1"),
+    (["--mixup", "inf"], "--mixup must be a finite number, got inf"),
+    (["--warmup", "nan"], "--warmup must be a finite number, got nan"),
+    (["--epochs", "2", "--warmup", "2.5"], "--warmup must be at most --epochs (the learning "
                                            "rate rises to lr over the warmup), got "
-                                           "warmup_epochs 2.5 and epochs 2"),
-    (["--reset-head"], "reset_head: a zero head for the weights of init, but no init is given "
+                                           "--warmup 2.5 and --epochs 2"),
+    (["--reset-head"], "--reset-head: a zero head for the weights of init, but no init is given "
                        "(--reset-head goes with --init)"),
     (["--budget", "5", "--epochs", "2"],
      "--budget plans the epochs after the first: it would ignore --epochs; give one"),
@@ -239,7 +239,12 @@ def test_cli_rejects_a_flag_out_of_range_in_one_line(tmp_path, capsys, flags, me
 @pytest.mark.parametrize("args, message", [
     (["--resume", "run", "--epochs", "30", "--out", "x", "--lr", "1"],
      "--resume takes every setting from the checkpoint, and --out and --data-dir: it would "
-     "ignore --epochs, --lr"),
+     "ignore --epochs, --lr; to change them, train a new run from its weights: --init "
+     "run/last.npz with the flags"),
+    (["--resume", "run/last.npz", "--epochs", "30"],
+     "--resume takes every setting from the checkpoint, and --out and --data-dir: it would "
+     "ignore --epochs; to change them, train a new run from its weights: --init run/last.npz "
+     "with the flags"),
     (["--eval", "best.npz", "--data-dir", "d", "--lr", "1"],
      "--eval takes only --data-dir and --test-subset: it would ignore --lr"),
     (["--predict", "a.png", "--checkpoint", "best.npz", "--seed", "2"],
