@@ -139,8 +139,11 @@ their checks where the model has such a layer (the library's elsewhere), trains 
 {STEPS} steps in float64 beside the same model of the library's layers, from the same
 weights on the same batches: the two loss curves must be the same. Nothing to write:
 it runs once any of exercises 1-19 passes, and says which layers are yours; the curves
-and each part's gradient norm are drawn to ex{TRAINING:02d}_training.png. The MNIST files
-come from the data_dir of learn.json, else $TINYVIT_DATA, else the cache (or a download).
+and each part's gradient norm are drawn to ex{TRAINING:02d}_training.png. It takes a few
+minutes on a laptop's CPU (two models, in float64), in every `python -m pytest` of the
+workbook once an exercise passes; `python -m pytest -k "not training"` leaves it out. The
+MNIST files come from the data_dir of learn.json, else $TINYVIT_DATA, else the cache (or a
+download).
 """
 
 from pathlib import Path
@@ -234,8 +237,8 @@ one section per layer.
 | # | file | exercise | track |
 |---|---|---|---|
 {rows}
-| {TRAINING} | `{TRAINING_FILE}` | training the MNIST preset on your layers, {STEPS} steps | \
-{TRACKS["vit"]} |
+| {TRAINING} | `{TRAINING_FILE}` | training the MNIST preset on your layers, {STEPS} steps \
+(a few minutes) | {TRACKS["vit"]} |
 {stem}
 
 Your progress is kept in `{PROGRESS}`; the data folder for exercise {TRAINING} in `{MARKER}`.
