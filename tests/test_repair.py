@@ -546,8 +546,8 @@ def test_a_scale_of_the_layers_own_number_left_out_twice_is_put_back_twice():
         report = gradient_check(HeadScaled(3, 4), randn(5, 3))
     lines = str(report).splitlines()
     assert [line.strip() for line in lines if line.strip().startswith("->")] == [
-        "-> x = self._take_cache() / self.d ** 0.5",  # x serves the weight's gradient alone
-        "-> return dout @ self.w.data / self.d ** 0.5"]
+        "-> self.w.grad += dout.T @ x / self.d ** 0.5",  # not on x = self._take_cache(),
+        "-> return dout @ self.w.data / self.d ** 0.5"]  # the forward's value, right as it is
 
 
 class LambdaTanh(layers.Tanh):
@@ -621,6 +621,20 @@ def test_a_factor_too_many_is_taken_away_not_undone_nor_floored(kind, before, af
         report = gradient_check(dropout, randn(3, 4), before_forward=seeded_dropout(dropout))
     assert [(c.before[0].strip(), c.after[0].strip()) for c in changes(report.fix)] == [
         (before, after)]
+
+
+def test_an_edit_that_wraps_a_term_goes_in_with_an_edit_inside_it():
+    """dout / xp.cosh(x) * f keeps dout / xp.cosh(x): its cosh may still be squared."""
+    with B.default_dtype("float64"):
+        source, found = scope(CoshTanh.backward, CoshTanh(), randn(3, 4))
+    proposed = edits(source, found)
+    wraps = [e for e in proposed if e.detail.get("what") == "added"
+             and ast.unparse(e.old[0]) == "dout / xp.cosh(x)"]
+    squared = next(e for e in proposed if e.detail.get("what") == "squared")
+    assert wraps and not any(wrap.clashes(squared) or squared.clashes(wrap) for wrap in wraps)
+    sign = next(e for e in proposed if e.rule == "sign" and ast.unparse(e.old[0]) ==
+                "dout / xp.cosh(x)")  # -(dout / xp.cosh(x)): it wraps too
+    assert not sign.clashes(squared)
 
 
 def test_two_names_exchanged_between_two_lines_are_paired_as_one_mistake():

@@ -75,12 +75,12 @@ class Edit:
 
     def clashes(self, other):
         """Whether two edits cannot go in together: the same slot (or a whole list and an
-        item of it), or one inside a node the other replaces without keeping."""
+        item of it), or one inside a node the other replaces without keeping (one that
+        wraps it, ``(p - t) / K`` into ``(p - t) / K * dout``, keeps it: ``/ B`` goes in)."""
         for a, b in ((self, other), (other, self)):
             for parent, _, _ in b.slots:
-                if id(parent) in a.touched and not a.keeps:
-                    return True
-                if any(parent is old for old in a.old):
+                if not a.keeps and (id(parent) in a.touched
+                                    or any(parent is old for old in a.old)):
                     return True
         for p, f, i in self.slots:
             for q, g, j in other.slots:

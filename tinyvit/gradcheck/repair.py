@@ -21,8 +21,8 @@ smallest correction that passes).
    makes a size an array, is kept aside where it passes, and the search goes on: it makes
    up there for a mistake made elsewhere (dAd divided by Dh where dq and dk were each
    divided by the scale, not multiplied; B = t.shape[0] / dout where dout was left out of
-   the gradient). A pair that leaves right statements alone comes first; else the edit
-   kept is the answer.
+   the gradient). So is a pair that rewrites one. A pair that leaves right statements
+   alone comes first; else the first fix kept is the answer.
 
 A fix is only returned once it passed; nothing is guessed.
 """
@@ -286,12 +286,15 @@ def search(probe, expected, tol, budget=None, own_only=False, reference=None, ve
     for first, second in pairs:
         if time.perf_counter() > deadline:
             break
-        if kept and (rewrites_right(first) or rewrites_right(second)):
-            continue  # no better than the one edit kept
+        right_rewritten = rewrites_right(first) or rewrites_right(second)
+        if kept and right_rewritten:
+            continue  # no better than the fix kept
         tried += 1
         outcome = runner.outcome([first, second])
         if outcome is not None and runner.fixes([first, second], outcome):
-            return found([first, second])
+            if not right_rewritten:
+                return found([first, second])
+            kept = [first, second]  # as a single edit of a right statement is: look on
     if kept:
         return found(kept)
     return Search(None, tried, time.perf_counter() - started, recorded, sources,
