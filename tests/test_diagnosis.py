@@ -86,6 +86,7 @@ def test_an_upstream_gradient_changed_in_place_is_said_and_not_taken_for_a_ratio
     monkeypatch.setattr(layers.Tanh, "backward", backward)
     report = gradient_check(layers.Tanh(), randn(3, 4))
     assert report["input"].rel_err < 1e-9  # measured against dout as it was drawn
+    assert str(report).splitlines()[1].endswith(", the values right")
     assert failures(report) == {"input": [
         "the backward changes its upstream gradient in place (dout, or a name for the same "
         "array, with *=, -=, += or a slice written): dout is its caller's too; compute into an "
