@@ -199,8 +199,9 @@ def term_nodes(tree):
 def _operands(slot):
     yield slot
     node = slot_value(slot)
-    if _backward_call_of_one(node) or elementwise_call(node):  # self.fc2.backward(alpha *
-        yield from _operands((node, "args", 0))  # dout), xp.exp(-x * x): a term too
+    # self.fc2.backward(alpha * dout), xp.exp(-x * x): the argument is a term too
+    if _backward_call_of_one(node) or elementwise_call(node):
+        yield from _operands((node, "args", 0))
     elif isinstance(node, ast.BinOp) and isinstance(node.op, ARITHMETIC):
         yield from _operands((node, "left", None))
         yield from _operands((node, "right", None))

@@ -347,10 +347,11 @@ class _Proposer:
             if isinstance(op, ast.Sub):
                 self.add("sign", slot, located(ast.BinOp(left=node.right, op=op,
                                                           right=node.left), node))
+            # not / (1 - p) -> / (1): the factor rule takes the whole / (1 - p) away
             factor = isinstance(slot[0], ast.BinOp) and isinstance(slot[0].op, (ast.Mult,
                                                                               ast.Div))
-            if not (factor and constant(node.left) == 1):  # / (1 - p) -> / (1): the factor
-                self.add("drop", slot, node.left, kept="left")  # rule takes it away whole
+            if not (factor and constant(node.left) == 1):
+                self.add("drop", slot, node.left, kept="left")
             right = node.right if isinstance(op, ast.Add) else located(
                 ast.UnaryOp(op=ast.USub(), operand=node.right), node.right)
             self.add("drop", slot, right, kept="right")
@@ -375,8 +376,9 @@ class _Proposer:
                                                         right=node.right), node), what="op",
                      extra=-0.25)  # before a factor put beside it: a / s -> a * s
         if isinstance(op, ast.FloorDiv) or (isinstance(op, ast.Div) and self._whole(node)):
-            other_op = ast.FloorDiv() if isinstance(op, ast.Div) else ast.Div()  # D / NH for
-            self.add("factor", slot, located(ast.BinOp(left=node.left, op=other_op,  # D // NH
+            # D / NH for D // NH, and back
+            other_op = ast.FloorDiv() if isinstance(op, ast.Div) else ast.Div()
+            self.add("factor", slot, located(ast.BinOp(left=node.left, op=other_op,
                                                         right=node.right), node),
                      what="whole" if isinstance(op, ast.Div) else "true")
         elif isinstance(op, ast.Pow):

@@ -256,8 +256,10 @@ def search(probe, expected, tol, budget=None, own_only=False, reference=None, ve
     right = _right_statements(once, right_values or {}, probe.forward_values())
     sizes = _sizes(once)
 
-    def rewrites_right(edit):  # a statement written as the reference writes it, or its value,
-        return (edit.rewrites_right or id(edit.statement) in right  # or a size made an array
+    def rewrites_right(edit):
+        """Whether it rewrites a statement written as the reference writes it, or one that
+        holds a right value, or makes a size an array."""
+        return (edit.rewrites_right or id(edit.statement) in right
                 or (id(edit.statement) in sizes and _made_array(edit)))
 
     kept = None  # a fix that rewrites a right statement
