@@ -40,6 +40,7 @@ from tinyvit.train import (
 from tinyvit.train.distributed import LaunchError, StopRequested, communicator, launched
 from tinyvit.train.lock import FolderInUse
 from tinyvit.train.parallel import MAX_AUTO_WORKERS, WorkerDied, auto_workers
+from tinyvit.train.predict import trained_path
 from tinyvit.train.signals import Stopped
 from tinyvit.weights import CheckpointError, PretrainedError
 
@@ -270,8 +271,9 @@ def run(args, mode, config):
                                          test_subset=args.test_subset or 0)
         except ValueError as error:
             raise RunRefused(str(error)) from None
-        loss, acc, _, _ = evaluate(model, make_batches(config, "test"))
-        print(f"{args.eval}: test accuracy {acc:.4f}, loss {loss:.4f} ({config.dataset})")
+        loss, acc, _, labels = evaluate(model, make_batches(config, "test"))
+        print(f"{trained_path(args.eval)}: test accuracy {acc:.4f}, loss {loss:.4f} "
+              f"({config.dataset}, {len(labels):,} test images)")
     else:
         fit(config, resume=args.resume, out_dir=args.out_dir, data_dir=args.data_dir)
 

@@ -194,7 +194,9 @@ def test_cli_trains_evaluates_and_predicts(stripes, tmp_path, capsys):
 
     capsys.readouterr()
     assert train_mnist.main(["--eval", str(out / "best.npz"), "--data-dir", str(stripes)]) == 0
-    accuracy = float(capsys.readouterr().out.split("test accuracy ")[1].split(",")[0])
+    said = capsys.readouterr().out
+    accuracy = float(said.split("test accuracy ")[1].split(",")[0])
+    assert said.startswith(f"{out / 'best.npz'}: ") and said.endswith(" test images)\n")
     assert accuracy >= 0.9
 
     for inverted in (False, True):
