@@ -188,6 +188,13 @@ PLANTED = {  # exercise: (the library's line, the learner's mistake, what the fa
                    "shape[:-1], self.in_features)",
                    "dX = dout2 @ self.weight.data\n        return dX.reshape(dout.shape)"),
         "-> return dX.reshape(*dout.shape[:-1], self.in_features)"),
+    "the kernel's axes swapped in a reshape": (  # fixed there, not by a second reshape
+        "maxpool", ("dwindows = (onehot * dout[:, :, None]).reshape(B, C, kh, kw, Ho, Wo)\n"
+                    "        dxpad = col2im(dwindows,",
+                    "dwin = onehot * dout[:, :, None]\n"
+                    "        dwin = dwin.reshape(B, C, kw, kh, Ho, Wo)\n"
+                    "        dxpad = col2im(dwin,"),
+        "-> dwin = dwin.reshape(B, C, kh, kw, Ho, Wo)"),
     "a loop one offset short": (
         "col2im", ("for i in range(kh):", "for i in range(kh - 1):"),
         "-> for i in range(kh):", "kh, not kh - 1: one off"),

@@ -914,8 +914,19 @@ class _Proposer:
         if isinstance(node, ast.Name) and node.id in self.scope.arrays(self.line):
             for term in self.scope.terms:
                 made = _taken_of(term, node.id, first=True)
-                if made is not None and self.known(made):
+                if made is not None and self.known(made) and not self._made_so(node.id, made):
                     self.add("reference", slot, made, extra=0.5, term=ast.unparse(made))
+
+    def _made_so(self, name, call):
+        """Whether the code gives ``name`` its value by a call of ``call``'s method already
+        (dwin = dwin.reshape(...)): a second one around it where it is read would stack on
+        the first, whose own arguments are the ones to edit."""
+        method = getattr(call.func, "attr", None) if isinstance(call, ast.Call) else None
+        return method is not None and any(
+            isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name
+                                              for t in n.targets)
+            and isinstance(n.value, ast.Call) and getattr(n.value.func, "attr", None) == method
+            for n in ast.walk(self.source.tree))
 
 
 def _called_on(term, node):
