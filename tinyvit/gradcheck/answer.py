@@ -342,7 +342,8 @@ def _transpose_reason(edit):
 
 
 def _off_by_one(edit):
-    """"kh, not kh - 1: one off" where a dropped term is a whole number; else None."""
+    """The reason where a dropped term is a whole number ("kh, not kh - 1: one off");
+    else None."""
     old, new = edit.old[0], edit.new[0]
     if not isinstance(old, ast.BinOp):
         return None
