@@ -9,6 +9,7 @@ The notebook is nbformat 4 JSON, written without Jupyter's packages; its cells c
 and "answer": the training exercise reads a class written in a notebook from them.
 """
 
+import functools
 import inspect
 import json
 import re
@@ -128,8 +129,7 @@ def _without_code(markdown, ex):
     formula in the names of ``ex``'s solution but for one (`(xp.exp(log_probs) - t) * (dout /
     B)`, where the code writes log_probs.shape[0] for B). They are the answer, which the
     workbook keeps until an attempt has run; names of functions and attributes stay."""
-    every = "".join("".join(solution(other).split()) for other in EXERCISES
-                    if other.number != TRAINING)
+    every = _every_solution()
     names = set(NAME.findall(solution(ex)))
 
     def answer(text):
@@ -146,6 +146,13 @@ def _without_code(markdown, ex):
         f"*(The library's code for this step is left out here: it is the answer. After an "
         f"attempt that ran, `python -m tinyvit.learn solution {ex.number}` shows it.)*\n",
         markdown))
+
+
+@functools.cache
+def _every_solution():
+    """Every exercise's solution, blanks taken out, in one string: read once for the 23
+    notebooks of a workbook."""
+    return "".join("".join(solution(ex).split()) for ex in EXERCISES if ex.number != TRAINING)
 
 
 def _source(obj):
