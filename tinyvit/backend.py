@@ -207,6 +207,12 @@ def address(a):
     return a.ctypes.data if isinstance(a, numpy.ndarray) else a.data.ptr
 
 
+def copied(a):
+    """A copy of an array of the active backend; anything else (a number) as it is: what a
+    caller keeps of a value it hands to code that may change it in place."""
+    return a.copy() if is_array(a) else a
+
+
 def is_array(a):
     """True for an ndarray of the active backend."""
     return isinstance(a, _module().ndarray)

@@ -36,7 +36,7 @@ import itertools
 import math
 import traceback
 
-from ..backend import get_backend, is_array, xp
+from ..backend import copied, get_backend, is_array, xp
 from ..backend import rng as device_rng
 from ..checks import check_array
 from .answer import shown
@@ -130,7 +130,7 @@ def gradient_check(module, x, *args, h=1e-5, seed=0, before_forward=None, wrt_in
 
     module.zero_grad()
     forward()
-    given = own_copy(dout)  # the backward's own: dout stays as drawn, for the differences
+    given = copied(dout)  # the backward's own: dout stays as drawn, for the differences
     try:
         dx = module.backward(given)
     except Exception as error:  # said, and searched, as any wrong backward is
@@ -139,7 +139,7 @@ def gradient_check(module, x, *args, h=1e-5, seed=0, before_forward=None, wrt_in
     tensors = [("input", x, dx)] if wrt_input else []
     tensors += [(name, p.data, p.grad.copy()) for name, p in module.named_parameters()]
     forward()
-    module.backward(own_copy(dout))  # again, without zero_grad: every gradient must double
+    module.backward(copied(dout))  # again, without zero_grad: every gradient must double
     twice = {name: p.grad for name, p in module.named_parameters()}
     right, checks = {}, []
     for name, value, analytic in tensors:
@@ -161,11 +161,6 @@ def gradient_check(module, x, *args, h=1e-5, seed=0, before_forward=None, wrt_in
         if not check.passed(tol):
             check.findings = diagnose(check, analytic, right[name], context, tol)
     return GradCheckReport(checks, h, tol, module, found)
-
-
-def own_copy(dout):
-    """A copy of an upstream gradient for one backward (a number is one already)."""
-    return dout.copy() if is_array(dout) else dout
 
 
 def raised_report(error, module, forward, loss, dout, x, wrt_input, h, tol, repair,

@@ -39,7 +39,7 @@ import warnings
 
 import numpy as np  # its floating-point warnings, silenced for candidates (CuPy gives none)
 
-from ..backend import is_array, xp
+from ..backend import copied, is_array, xp
 from ..nn.module import Module, Parameter
 from .edits import Scope, is_whole, names_in, statements, takes_cache, term_nodes
 from .error_model import edits, factors_in
@@ -136,7 +136,7 @@ class Probe:
         """The backward from where ``start`` left it, and the gradients it gives; under
         ``UPSTREAM``, the upstream gradient as the backward left it (a backward that
         changes it in place changes its caller's gradient)."""
-        dout = self.dout.copy() if is_array(self.dout) else self.dout
+        dout = copied(self.dout)
         dx = self.module.backward(dout)
         grads = {"input": dx, **({UPSTREAM: dout} if is_array(dout) else {})}
         if self.output_values is not None:
@@ -154,7 +154,7 @@ class Probe:
         """The parameters whose gradient a second backward, without zero_grad, does not
         double (``once``: the gradients of the first)."""
         self.restore()
-        self.module.backward(self.dout.copy() if is_array(self.dout) else self.dout)
+        self.module.backward(copied(self.dout))
         found = []
         for p in self.module.parameters():
             first = once[self.names[id(p)]]

@@ -41,6 +41,7 @@ from pathlib import Path
 import numpy as np  # the comparisons and the shape watch work on host arrays
 
 from ..backend import (
+    copied,
     cupy_available,
     default_dtype,
     get_backend,
@@ -191,8 +192,8 @@ def _check_case(ex, yours, case, where):
     where = f"exercise {ex.number} ({ex.title}), {where}, input {_shapes(inputs)}"
     dout = _upstream(mine, inputs, before_forward)
     expected = _backward(ex, theirs, inputs, their_before, dout, where, learner=False)
-    repair = _Repair(ex, yours, mine, inputs, before_forward, dout.copy() if is_array(
-        dout) else dout, {**expected, **_intermediate_grads(theirs)}, (theirs, their_before))
+    repair = _Repair(ex, yours, mine, inputs, before_forward, copied(dout),
+                     {**expected, **_intermediate_grads(theirs)}, (theirs, their_before))
     computed = _backward(ex, mine, inputs, before_forward, dout, where, repair=repair)  # 1, 2
     try:
         _accumulates(ex, mine, inputs, before_forward, dout, computed, where, repair)  # 3
@@ -262,7 +263,7 @@ class _Repair:
         if before_forward:
             before_forward()
         theirs.forward(*self.inputs)
-        dout = self.dout.copy() if is_array(self.dout) else self.dout
+        dout = copied(self.dout)
         _, recorded = trace(lambda: theirs.backward(dout))
         values = {}
         for _, name, value in recorded.arrays():
@@ -442,8 +443,8 @@ def _backward(ex, module, inputs, before_forward, dout, where, learner=True, rep
     if before_forward:
         before_forward()
     y = module.forward(*inputs)
-    output = y.copy() if is_array(y) else y  # what the forward gave its caller
-    given = dout.copy() if is_array(dout) else dout
+    output = copied(y)  # what the forward gave its caller
+    given = copied(dout)
     try:
         with _library_refused(ex) if learner else nullcontext():
             dx = module.backward(dout)
