@@ -318,6 +318,38 @@ class EveryOther(Module):
         return dx
 
 
+class WindowMean(Module):
+    """Means of windows of k along the last axis, the rest left out; the backward takes
+    the number of windows with /, a float, where a size equal to L // k (the batch of 2)
+    would pass too."""
+
+    def __init__(self, k):
+        super().__init__()
+        self.k = k
+
+    def forward(self, x):
+        self.cache = x.shape
+        windows = x.shape[1] // self.k
+        return x[:, :windows * self.k].reshape(x.shape[0], windows, self.k).mean(axis=2)
+
+    def backward(self, dout):
+        B, L = self._take_cache()
+        windows = L / self.k
+        dx = xp.zeros((B, L))
+        dx[:, :windows * self.k] = xp.repeat(dout / self.k, self.k, axis=1)
+        return dx
+
+
+class HalfSquaredTanh(Module):
+    def forward(self, x):
+        self.cache = xp.tanh(x)
+        return self.cache
+
+    def backward(self, dout):
+        t = self._take_cache()
+        return dout * (1 - t)  # tanh' = 1 - t^2
+
+
 class LinearAndSquare(Module):
     """y = a x + b x^2, the backward with a and b exchanged between its two terms."""
 
@@ -601,9 +633,10 @@ def test_a_size_read_from_a_shape_is_kept_and_the_factor_goes_into_the_gradient(
      "where x is meant", "return dout * (normal_cdf(x) + x * normal_pdf(x))  # y read where x "
      "is meant"),
     (EveryOther(), (3, 6), "dx[:, twice / 2] = dout", "dx[:, twice // 2] = dout"),
+    (WindowMean(4), (2, 10), "windows = L / self.k", "windows = L // self.k"),
 ], ids=["a size divided with /", "a slice that stops before entry 0",
         "a factor inside exp's argument", "a square forgotten", "the output read for the input",
-        "indices divided with /"])
+        "indices divided with /", "a size divided with /, not another size in its place"])
 def test_a_learners_slip_is_fixed_where_it_is(module, x, before, after):
     with B.default_dtype("float64"):
         report = gradient_check(module.astype("float64"), randn(*x))
@@ -635,6 +668,15 @@ def test_an_edit_that_wraps_a_term_goes_in_with_an_edit_inside_it():
     sign = next(e for e in proposed if e.rule == "sign" and ast.unparse(e.old[0]) ==
                 "dout / xp.cosh(x)")  # -(dout / xp.cosh(x)): it wraps too
     assert not sign.clashes(squared)
+
+
+def test_a_name_multiplied_by_itself_is_said_to_be_a_square():
+    with B.default_dtype("float64"):
+        report = gradient_check(HalfSquaredTanh(), randn(3, 4))
+    assert fix_lines(report)[1:] == [
+        "        return dout * (1 - t)  # tanh' = 1 - t^2",
+        "     -> return dout * (1 - t * t)  # tanh' = 1 - t^2",
+        "  t squared: the derivation has a square here (tanh(u)' = 1 - tanh(u)^2, (u^2)' = 2 u)"]
 
 
 def test_two_names_exchanged_between_two_lines_are_paired_as_one_mistake():

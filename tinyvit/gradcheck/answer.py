@@ -312,6 +312,10 @@ def _reduction_reason(edit):
 def _factor_reason(edit):
     what = edit.detail.get("what")
     factor = _text(edit.detail.get("factor", ""))
+    if what == "added" and _text(edit.old[0]) == factor and isinstance(
+            edit.new[0].op, ast.Mult):  # t for t * t
+        return (f"{factor} squared: the derivation has a square here (tanh(u)' = 1 - "
+                "tanh(u)^2, (u^2)' = 2 u)")
     if what == "added":
         op = edit.new[0].op if isinstance(edit.new[0], ast.BinOp) else None
         missing = "a division by" if isinstance(op, ast.Div) else "a factor of"

@@ -526,8 +526,10 @@ class _Proposer:
                     function=f"xp.{function}")
             self._applied(node, slot)
             return
+        # a size for another size; not a size for Lo = L / k, whose / is the mistake (any
+        # size that happens to equal L // k would pass)
         numbers = self.scope.numbers(self.line)
-        if node.id in numbers:
+        if node.id in numbers and all(is_whole(v) for v in numbers[node.id]):
             for other, values in numbers.items():
                 if other != node.id and all(isinstance(v, int) for v in values):
                     self.add("name", slot, name_node(other, node), extra=0.5, was=node.id,
