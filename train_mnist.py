@@ -20,7 +20,6 @@ import re
 import sys
 import traceback
 import warnings
-from pathlib import Path
 
 from tinyvit.allocator import keep_freed_memory
 from tinyvit.backend import BackendError, environment_backend
@@ -39,6 +38,7 @@ from tinyvit.train import (
 )
 from tinyvit.train.distributed import LaunchError, StopRequested, communicator, launched
 from tinyvit.train.lock import FolderInUse
+from tinyvit.train.loop import resume_path
 from tinyvit.train.parallel import MAX_AUTO_WORKERS, WorkerDied, auto_workers
 from tinyvit.train.predict import trained_path
 from tinyvit.train.signals import Stopped
@@ -200,16 +200,10 @@ def check_mode(parser, args):
         reads = (f"every setting from the checkpoint, and {reads}" if mode == "resume"
                  else f"only {reads}")
         again = (f"; to change them, train a new run from its weights: --init "
-                 f"{_weights_of(args.resume)} with the flags" if mode == "resume" else "")
+                 f"{resume_path(args.resume)} with the flags" if mode == "resume" else "")
         raise ValueError(f"{flag[mode]} takes {reads}: it would ignore {', '.join(ignored)}"
                          f"{again}")
     return mode
-
-
-def _weights_of(resumed):
-    """The checkpoint a --resume names: the file, or a run folder's last.npz."""
-    path = Path(resumed)
-    return path if path.suffix == ".npz" else path / "last.npz"
 
 
 def make_config(args):
@@ -287,7 +281,7 @@ def main(argv=None):
         with warnings.catch_warnings():  # more threads than cores: the start's line says it
             warnings.simplefilter("ignore", RuntimeWarning)  # where the kernels run here
             check_environment()  # TINYVIT_NUM_THREADS, TINYVIT_NUMBA, TINYVIT_MKL, read again
-        if mode != "train":  # these run on TINYVIT_BACKEND's backend; a run, on its config's
+        if mode in ("eval", "predict"):  # on TINYVIT_BACKEND's backend; a run, on its config's
             environment_backend()
         config = make_config(args) if mode == "train" else None
         world = communicator() if size > 1 else None

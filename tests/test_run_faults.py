@@ -259,9 +259,12 @@ def test_a_finished_run_resumed_into_another_folder_says_so_and_the_folder_holds
             f"nothing is left to train, its last weights are evaluated again), writing into "
             f"{tmp_path / 'b'}") in out
     assert (tmp_path / "b" / "last.npz").read_bytes() == ended  # as the report says it wrote
+    b = tmp_path / "b"
+    assert out.endswith(f"wrote {b / 'metrics.json'}, {b / 'curves.png'}, {b / 'confusion.png'}; "
+                        f"{b / 'best.npz'}, {b / 'last.npz'} are the run's as it ended\n")
     for name in ("best.npz", "metrics.json", "curves.png", "confusion.png"):
-        assert f"{tmp_path / 'b' / name}" in out and (tmp_path / "b" / name).is_file()
-    assert train_mnist.main(["--resume", str(tmp_path / "b")]) == 0
+        assert (b / name).is_file()
+    assert train_mnist.main(["--resume", str(b)]) == 0
 
 
 def test_a_run_resumes_from_another_working_folder_and_from_moved_data(stripes, tmp_path,

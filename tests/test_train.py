@@ -260,9 +260,10 @@ def test_cli_rejects_a_flag_out_of_range_in_one_line(tmp_path, capsys, flags, me
 ])
 def test_cli_rejects_flags_its_mode_would_ignore(tmp_path, capsys, monkeypatch, args, message):
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "run").mkdir()  # the run folder --resume names
     assert train_mnist.main(args) == 2
     assert capsys.readouterr().err == f"train_mnist.py: error: {message}\n"
-    assert list(tmp_path.iterdir()) == []  # nothing read, nothing written
+    assert list(tmp_path.rglob("*")) == [tmp_path / "run"]  # nothing read, nothing written
 
 
 @pytest.mark.parametrize("make, out, message", [
@@ -407,8 +408,8 @@ def test_cli_reports_a_missing_cupy_in_one_line(tmp_path, monkeypatch, capsys, a
 def test_a_runs_backend_wins_over_tinyvit_backend_which_eval_reads_in_any_case(
         stripes, tmp_path, monkeypatch, capsys):
     """TINYVIT_BACKEND is read where the backend is first needed: a run sets its config's
-    (--backend, the recipe's) before that, --eval and --predict run on the variable's,
-    and a bad value is one line before any work."""
+    (--backend, the recipe's, a resumed run's checkpoint's) before that, --eval and
+    --predict run on the variable's, and a bad value is one line before any work."""
     monkeypatch.setattr(B, "_active", None)  # as imported: no backend chosen yet
     monkeypatch.setenv("TINYVIT_BACKEND", "abc")
     out = tmp_path / "run"
@@ -423,6 +424,12 @@ def test_a_runs_backend_wins_over_tinyvit_backend_which_eval_reads_in_any_case(
     monkeypatch.setenv("TINYVIT_BACKEND", "NumPy")
     assert train_mnist.main(["--eval", str(out / "best.npz"), "--data-dir", str(stripes)]) == 0
     assert B.get_backend() == "numpy"
+    monkeypatch.setenv("TINYVIT_BACKEND", "abc")  # a resumed run takes its checkpoint's backend
+    last = (out / "last.npz").read_bytes()
+    assert train_mnist.main(["--resume", str(out)]) == 0
+    assert capsys.readouterr().out.endswith(
+        f"; {out / 'best.npz'}, {out / 'last.npz'} are the run's as it ended\n")
+    assert (out / "last.npz").read_bytes() == last
 
 
 def test_a_new_run_without_backend_or_recipe_takes_tinyvit_backend(monkeypatch):

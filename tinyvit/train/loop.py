@@ -169,16 +169,18 @@ def _prepare(config, resumed, processes):
 def _train(trainer, train_batches, test_batches, state, out, started, stop_after_steps):
     """The epochs, the final report, and ``last.npz`` saved when the run is stopped."""
     steps_done, evaluation, config = 0, None, trainer.config
+    trained = False  # whether an epoch ended in this call, and so saved the checkpoints
     with trainer:
         try:
             while state.epoch < trainer.config.epochs:
                 steps_done += _train_epoch(trainer, train_batches, state, stop_after_steps,
                                            steps_done)
                 evaluation = _end_epoch(trainer, test_batches, state, out, started)
+                trained = True
             with trainer.interruptible():
                 evaluation = evaluation or evaluate(trainer.evaluator(), test_batches)
             if trainer.primary:
-                write_final_report(out, config.dataset, state.history, evaluation)
+                write_final_report(out, config.dataset, state.history, evaluation, trained)
         except KeyboardInterrupt as stopped:  # in training or in evaluation: state says where
             if trainer.primary:
                 state.wall = time.perf_counter() - started

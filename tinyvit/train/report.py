@@ -29,9 +29,11 @@ def write_metrics(out, history, extra=None):
     )
 
 
-def write_final_report(out, dataset, history, evaluation):
+def write_final_report(out, dataset, history, evaluation, trained=True):
     """Per-class accuracy and the confusion matrix of the final model, from its
-    ``evaluate`` result: into ``metrics.json``, ``confusion.png`` and the terminal."""
+    ``evaluate`` result: into ``metrics.json``, ``confusion.png`` and the terminal.
+    ``trained``: whether this call trained, and so wrote best.npz and last.npz (a
+    resumed run that had ended did not: they are the run's as it ended)."""
     _, test_acc, predictions, labels = evaluation
     classes = dataset_info(dataset).classes
     counts = confusion_matrix(predictions, labels, len(classes))
@@ -43,5 +45,7 @@ def write_final_report(out, dataset, history, evaluation):
                  title=f"confusion matrix (test accuracy {test_acc:.2%})",
                  xlabel="predicted", ylabel="true", xticklabels=classes, yticklabels=classes)
     print("per-class test accuracy: " + ", ".join(f"{k} {v:.3f}" for k, v in per_class.items()))
-    print(f"wrote {out / 'metrics.json'}, {out / 'curves.png'}, {out / 'confusion.png'}, "
-          f"{out / 'best.npz'}, {out / 'last.npz'}")
+    reports = f"{out / 'metrics.json'}, {out / 'curves.png'}, {out / 'confusion.png'}"
+    checkpoints = f"{out / 'best.npz'}, {out / 'last.npz'}"
+    print(f"wrote {reports}, {checkpoints}" if trained else
+          f"wrote {reports}; {checkpoints} are the run's as it ended")
