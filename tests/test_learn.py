@@ -245,7 +245,7 @@ PLANTED = {  # exercise: (the library's line, the learner's mistake, what the fa
     "Patchify's grid of patches read as (gw, gh)": (
         "patchify", ("dx = dout.reshape(B, gh, gw, C, P, P)",
                      "dx = dout.reshape(B, gw, gh, C, P, P)"),
-        "case 2 of 3, input (1, 3, 8, 12): the input's gradient differs from the library's",
+        "case 2 of 3, input (1, 3, 8, 20): the input's gradient differs from the library's",
         "computed holds the expected values in other places: entries moved wrong (a reshape or "
         "transpose in the wrong order, two axes swapped)"),
     "a sign": (

@@ -350,6 +350,16 @@ class HalfSquaredTanh(Module):
         return dout * (1 - t)  # tanh' = 1 - t^2
 
 
+class MisgroupedTanh(Module):
+    def forward(self, x):
+        self.cache = xp.tanh(x)
+        return self.cache
+
+    def backward(self, dout):
+        t = self._take_cache()
+        return dout * (1 - t) ** 2  # tanh' = 1 - t^2
+
+
 class LinearAndSquare(Module):
     """y = a x + b x^2, the backward with a and b exchanged between its two terms."""
 
@@ -634,9 +644,12 @@ def test_a_size_read_from_a_shape_is_kept_and_the_factor_goes_into_the_gradient(
      "is meant"),
     (EveryOther(), (3, 6), "dx[:, twice / 2] = dout", "dx[:, twice // 2] = dout"),
     (WindowMean(4), (2, 10), "windows = L / self.k", "windows = L // self.k"),
+    (MisgroupedTanh(), (3, 4), "return dout * (1 - t) ** 2  # tanh' = 1 - t^2",
+     "return dout * (1 - t ** 2)  # tanh' = 1 - t^2"),
 ], ids=["a size divided with /", "a slice that stops before entry 0",
         "a factor inside exp's argument", "a square forgotten", "the output read for the input",
-        "indices divided with /", "a size divided with /, not another size in its place"])
+        "indices divided with /", "a size divided with /, not another size in its place",
+        "a square taken of the parentheses"])
 def test_a_learners_slip_is_fixed_where_it_is(module, x, before, after):
     with B.default_dtype("float64"):
         report = gradient_check(module.astype("float64"), randn(*x))
@@ -677,6 +690,13 @@ def test_a_name_multiplied_by_itself_is_said_to_be_a_square():
         "        return dout * (1 - t)  # tanh' = 1 - t^2",
         "     -> return dout * (1 - t * t)  # tanh' = 1 - t^2",
         "  t squared: the derivation has a square here (tanh(u)' = 1 - tanh(u)^2, (u^2)' = 2 u)"]
+
+
+def test_parentheses_in_the_wrong_place_are_moved_and_said_so():
+    with B.default_dtype("float64"):
+        report = gradient_check(MisgroupedTanh(), randn(3, 4))
+    assert fix_lines(report)[3] == ("  grouped as 1 - t ** 2: the parentheses decide which "
+                                    "operation applies first")
 
 
 def test_two_names_exchanged_between_two_lines_are_paired_as_one_mistake():

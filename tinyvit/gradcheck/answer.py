@@ -52,11 +52,13 @@ def changes(fix):
     for source, statement, spans, new, edits in sorted(
             statements.values(), key=lambda e: (str(e[0].path), e[1].lineno)):
         first, last = statement.lineno, statement.end_lineno
+        if new is None and _in_header(statement, spans):  # the for line alone, not its block
+            last = statement.body[0].lineno - 1
         for edit in fix.edits:
             edit.apply()
         try:
             after = (_statement_anew(new, source.line(first)) if new is not None
-                     else _rendered(source, statement, spans))
+                     else _rendered(source, statement, spans, last))
         finally:
             for edit in reversed(fix.edits):
                 edit.revert()
@@ -111,6 +113,7 @@ def _edits(count):
 
 
 TAKEN_OUT = "(taken out)"  # what a statement that the fix removes becomes
+HEADED = (ast.For, ast.While, ast.If, ast.With)  # statements a line heads a block of
 
 
 def _dedented(before, after):
@@ -137,12 +140,21 @@ def shown(path):
 # -- the learner's line, rewritten -------------------------------------------------------------
 
 
-def _rendered(source, statement, spans):
-    """A statement's lines as the applied fix writes them: the user's text with each
-    replaced expression written anew, checked to parse to the edited statement (or, failing
-    that, the statement written anew)."""
+def _in_header(statement, spans):
+    """Whether every edit of a statement with a block (for, while, if, with) is in the line
+    that heads the block: its loop's range, its test."""
+    return isinstance(statement, HEADED) and all(
+        isinstance(old, ast.expr) and old.end_lineno < statement.body[0].lineno
+        for old, _, _ in spans)
+
+
+def _rendered(source, statement, spans, last):
+    """A statement's lines up to ``last`` (its own last, or the last of the line that heads
+    its block) as the applied fix writes them: the user's text with each replaced
+    expression written anew, checked to parse to the edited statement (or, failing that,
+    the statement written anew)."""
     first = statement.lineno
-    lines = [source.line(n) for n in range(first, statement.end_lineno + 1)]
+    lines = [source.line(n) for n in range(first, last + 1)]
     if any(not isinstance(old, (ast.expr, list)) or not isinstance(new, (ast.expr, list))
            or old == [] for old, new, _ in spans):
         return _statement_anew(statement, lines[0])
@@ -153,7 +165,7 @@ def _rendered(source, statement, spans):
             begin = offsets[_first(old).lineno - first] + _first(old).col_offset
             finish = offsets[_last(old).end_lineno - first] + _last(old).end_col_offset
             attempt = attempt[:begin] + _written(new, parenthesize) + attempt[finish:]
-        if _same_tree(attempt, statement):
+        if _same_tree(attempt, statement, last < statement.end_lineno):
             return attempt.splitlines()
     return _statement_anew(statement, lines[0])
 
@@ -199,13 +211,22 @@ def _offsets(lines):
     return offsets
 
 
-def _same_tree(text, statement):
-    """Whether ``text`` parses to ``statement`` (locations aside)."""
+def _same_tree(text, statement, header=False):
+    """Whether ``text`` parses to ``statement`` (locations aside); with ``header``, text
+    is the line that heads its block, and parses to it with any block."""
     try:
-        parsed = ast.parse(textwrap.dedent(text)).body
+        parsed = ast.parse(textwrap.dedent(text) + ("\n    pass" if header else "")).body
     except SyntaxError:
         return False
+    if header:
+        return len(parsed) == 1 and _dump(_heading(parsed[0])) == _dump(_heading(statement))
     return len(parsed) == 1 and _dump(parsed[0]) == _dump(statement)
+
+
+def _heading(statement):
+    """A statement with a block, its block (and else block) left out."""
+    return type(statement)(**{field: [] if field in ("body", "orelse") else
+                              getattr(statement, field) for field in statement._fields})
 
 
 def _dump(node):
@@ -408,6 +429,8 @@ REASONS = {
                  f"{edit.detail.get('was')}"}.get(
         edit.detail.get("what"), "the entries the forward read"),
     "swap": _swap_reason,
+    "group": lambda edit: (f"grouped as {ast.unparse(edit.detail['grouped'])}: the "
+                           "parentheses decide which operation applies first"),
     "order": _order_reason,
     "discarded": lambda edit: (
         f"the value of this call is the gradient the next line reads: keep it in "

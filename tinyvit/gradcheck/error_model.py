@@ -69,7 +69,8 @@ from .edits import (
 COSTS = {"accumulate": 0.5, "sign": 1.0, "name": 1.0, "transpose": 1.0, "reduction": 1.0,
          "swap": 1.0, "order": 1.0, "factor": 1.5, "axes": 1.5, "index": 1.5,
          "discarded": 1.5, "backward": 2.0, "drop": 1.5, "constant": 2.0, "call": 2.0,
-         "reference": 2.5, "term": 3.0, "product": 3.0, "copy": 1.5, "guard": 1.0}
+         "reference": 2.5, "term": 3.0, "product": 3.0, "copy": 1.5, "guard": 1.0,
+         "group": 1.5}
 FAR = 1.5  # added to a rule's cost for its less likely proposals (a permutation of three
 #            or more axes, an axis a reduction rarely takes, an array as a factor)
 AXES = (0, 1, 2, 3, -1, -2, (0, 2, 3), (0, 1), (2, 3), (1, 2), None)
@@ -340,6 +341,7 @@ class _Proposer:
         op = node.op
         if isinstance(slot[0], ast.BinOp):  # an operand of arithmetic: average(g * xhat)
             self._applied(node, slot)
+        self._regrouped(node, slot)
         if isinstance(op, (ast.Add, ast.Sub)):
             flipped = located(ast.BinOp(left=node.left, op=ast.Sub() if isinstance(op, ast.Add)
                                          else ast.Add(), right=node.right), node)
@@ -383,6 +385,26 @@ class _Proposer:
                      what="whole" if isinstance(op, ast.Div) else "true")
         elif isinstance(op, ast.Pow):
             pass  # its exponent is a constant, edited as one
+
+    def _regrouped(self, node, slot):
+        """The parentheses moved over an operand that is itself an operation: (1 - t) ** 2
+        for 1 - t ** 2, and back; not where both groupings are the same value."""
+        if not isinstance(node.op, GROUPED):
+            return
+        for field in ("left", "right"):
+            inner = getattr(node, field)
+            if not (isinstance(inner, ast.BinOp) and isinstance(inner.op, GROUPED)):
+                continue
+            if field == "left":  # (a first b) second c -> a first (b second c)
+                first, second = inner.op, node.op
+                new = ast.BinOp(left=inner.left, op=first,
+                                right=ast.BinOp(left=inner.right, op=second, right=node.right))
+            else:  # a first (b second c) -> (a first b) second c
+                first, second = node.op, inner.op
+                new = ast.BinOp(left=ast.BinOp(left=node.left, op=first, right=inner.left),
+                                op=second, right=inner.right)
+            if not _associative(first, second):
+                self.add("group", slot, located(new, node), grouped=new)
 
     def _transposed(self, slot):
         """A matmul operand with its last two axes swapped, or no longer swapped."""
@@ -929,6 +951,16 @@ class _Proposer:
                                               for t in n.targets)
             and isinstance(n.value, ast.Call) and getattr(n.value.func, "attr", None) == method
             for n in ast.walk(self.source.tree))
+
+
+GROUPED = (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.Pow)
+
+
+def _associative(first, second):
+    """Whether a first (b second c) and (a first b) second c are the same value: a + b - c,
+    a * b / c, either way."""
+    return (isinstance(first, ast.Add) and isinstance(second, (ast.Add, ast.Sub))) or (
+        isinstance(first, ast.Mult) and isinstance(second, (ast.Mult, ast.Div)))
 
 
 def _called_on(term, node):
