@@ -360,6 +360,24 @@ class MisgroupedTanh(Module):
         return dout * (1 - t) ** 2  # tanh' = 1 - t^2
 
 
+CUBIC_C, CUBIC_A = 0.8, 0.05
+
+
+class TanhOfCubic(Module):
+    """y = tanh(c (x + a x^3)); the backward recomputes the argument with x^2 for x^3 and
+    takes its slope with x for x^2: each is a power of x one too low."""
+
+    def forward(self, x):
+        self.cache = x
+        return xp.tanh(CUBIC_C * (x + CUBIC_A * x ** 3))
+
+    def backward(self, dout):
+        x = self._take_cache()
+        c, a = CUBIC_C, CUBIC_A
+        t = xp.tanh(c * (x + a * x ** 2))
+        return dout * (1 - t * t) * c * (1 + 3 * a * x)
+
+
 class LinearAndSquare(Module):
     """y = a x + b x^2, the backward with a and b exchanged between its two terms."""
 
@@ -646,6 +664,7 @@ def test_a_size_read_from_a_shape_is_kept_and_the_factor_goes_into_the_gradient(
     (WindowMean(4), (2, 10), "windows = L / self.k", "windows = L // self.k"),
     (MisgroupedTanh(), (3, 4), "return dout * (1 - t) ** 2  # tanh' = 1 - t^2",
      "return dout * (1 - t ** 2)  # tanh' = 1 - t^2"),
+
 ], ids=["a size divided with /", "a slice that stops before entry 0",
         "a factor inside exp's argument", "a square forgotten", "the output read for the input",
         "indices divided with /", "a size divided with /, not another size in its place",
@@ -690,6 +709,16 @@ def test_a_name_multiplied_by_itself_is_said_to_be_a_square():
         "        return dout * (1 - t)  # tanh' = 1 - t^2",
         "     -> return dout * (1 - t * t)  # tanh' = 1 - t^2",
         "  t squared: the derivation has a square here (tanh(u)' = 1 - tanh(u)^2, (u^2)' = 2 u)"]
+
+
+def test_two_powers_too_low_are_raised_not_a_coefficient_made_an_array():
+    """a = CUBIC_A * x would make up for both at once."""
+    with B.default_dtype("float64"):
+        report = gradient_check(TanhOfCubic(), randn(3, 4))
+    assert [(c.before[0].strip(), c.after[0].strip()) for c in changes(report.fix)] == [
+        ("t = xp.tanh(c * (x + a * x ** 2))", "t = xp.tanh(c * (x + a * x ** 2 * x))"),
+        ("return dout * (1 - t * t) * c * (1 + 3 * a * x)",
+         "return dout * (1 - t * t) * c * (1 + 3 * a * x * x)")]
 
 
 def test_parentheses_in_the_wrong_place_are_moved_and_said_so():

@@ -18,11 +18,11 @@ smallest correction that passes).
    edit with any other, until the time is up. A single edit of a right statement (one the
    reference, the workbook's library code, writes the same way, or one that gives its name
    the value the reference's name of that spelling holds: ``right_values``), or one that
-   makes a size an array, is kept aside where it passes, and the search goes on: it makes
-   up there for a mistake made elsewhere (dAd divided by Dh where dq and dk were each
-   divided by the scale, not multiplied; B = t.shape[0] / dout where dout was left out of
-   the gradient). So is a pair that rewrites one. A pair that leaves right statements
-   alone comes first; else the first fix kept is the answer.
+   makes a number (a size, a coefficient) an array, is kept aside where it passes, and the
+   search goes on: it makes up there for a mistake made elsewhere (dAd divided by Dh where
+   dq and dk were each divided by the scale, not multiplied; B = t.shape[0] / dout where
+   dout was left out of the gradient). So is a pair that rewrites one. A pair that leaves
+   right statements alone comes first; else the first fix kept is the answer.
 
 A fix is only returned once it passed; nothing is guessed.
 """
@@ -34,6 +34,7 @@ import copy
 import dataclasses
 import inspect
 import math
+import numbers
 import time
 import warnings
 
@@ -41,7 +42,7 @@ import numpy as np  # its floating-point warnings, silenced for candidates (CuPy
 
 from ..backend import copied, is_array, xp
 from ..nn.module import Module, Parameter
-from .edits import Scope, is_whole, names_in, statements, takes_cache, term_nodes
+from .edits import Scope, names_in, statements, takes_cache, term_nodes
 from .error_model import edits, factors_in
 from .source import NotEditable, Source
 from .trace import called, in_tinyvit, trace
@@ -254,13 +255,13 @@ def search(probe, expected, tol, budget=None, own_only=False, reference=None, ve
     runner = _Runner(probe, expected, tol, verify, noise)
     once = list(_assigned_once(recorded, sources))
     right = _right_statements(once, right_values or {}, probe.forward_values())
-    sizes = _sizes(once)
+    numbers = _numbers(recorded, sources)
 
     def rewrites_right(edit):
         """Whether it rewrites a statement written as the reference writes it, or one that
-        holds a right value, or makes a size an array."""
+        holds a right value, or makes a number (a size, a coefficient) an array."""
         return (edit.rewrites_right or id(edit.statement) in right
-                or (id(edit.statement) in sizes and _made_array(edit)))
+                or (id(edit.statement) in numbers and _made_array(edit)))
 
     kept = None  # a fix that rewrites a right statement
 
@@ -337,10 +338,30 @@ def _right_statements(once, values, forward):
     return found
 
 
-def _sizes(once):
-    """{id(statement)}: the statements of ``once`` that give a name a whole number (a size,
-    B = t.shape[0]; not a truth value)."""
-    return {id(statement) for statement, value in once if is_whole(value)}
+def _numbers(recorded, sources):
+    """{id(statement)}: the statements of ``sources`` that give each of their names a
+    number, not an array nor a truth value (a size, B = t.shape[0]; coefficients, c, a =
+    TANH_C, TANH_A), each name assigned nowhere else in its function."""
+    found = set()
+    for source in sources:
+        at_end = next((call.scopes.get("return", {}) for call in recorded.calls
+                       if call.code is source.code), {})
+        stores = collections.Counter(n.id for n in ast.walk(source.tree)
+                                     if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store))
+        for statement, _, _ in statements(source.tree.body):
+            if not (isinstance(statement, ast.Assign) and len(statement.targets) == 1):
+                continue
+            target = statement.targets[0]
+            names = [target] if isinstance(target, ast.Name) else getattr(target, "elts", [None])
+            if all(isinstance(n, ast.Name) and stores[n.id] == 1 and n.id in at_end
+                   and _is_number(at_end[n.id]) for n in names):
+                found.add(id(statement))
+    return found
+
+
+def _is_number(value):
+    """A Python or NumPy number, not a truth value."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def _made_array(edit):
