@@ -103,6 +103,25 @@ class DroppingTanh(layers.Tanh):
         return dout * (1.0 - y)  # the dropout's backward forgotten, and y^2 taken for y
 
 
+class DroppedSoftmax(Module):
+    """A softmax over rows, then dropout; the backward undoes them in the forward's order
+    (which matters: the softmax's backward sums each row)."""
+
+    def __init__(self):
+        super().__init__()
+        self.drop = layers.Dropout(0.3)
+
+    def forward(self, x):
+        self.cache = functional.softmax(x)
+        return self.drop.forward(self.cache)
+
+    def backward(self, dout):
+        A = self._take_cache()
+        d = softmax_backward(A, dout)
+        d = self.drop.backward(d)
+        return d
+
+
 class TransposedTanh(layers.Tanh):
     def backward(self, dout):
         y = self._take_cache()
@@ -719,6 +738,17 @@ def test_two_powers_too_low_are_raised_not_a_coefficient_made_an_array():
         ("t = xp.tanh(c * (x + a * x ** 2))", "t = xp.tanh(c * (x + a * x ** 2 * x))"),
         ("return dout * (1 - t * t) * c * (1 + 3 * a * x)",
          "return dout * (1 - t * t) * c * (1 + 3 * a * x * x)")]
+
+
+def test_two_steps_of_a_chain_in_the_forwards_order_are_put_in_reverse():
+    softmax = DroppedSoftmax()
+    with B.default_dtype("float64"):
+        report = gradient_check(softmax, randn(3, 4), before_forward=seeded_dropout(softmax))
+    assert [(c.before[0].strip(), c.after[0].strip()) for c in changes(report.fix)] == [
+        ("d = softmax_backward(A, dout)", "d = self.drop.backward(dout)"),
+        ("d = self.drop.backward(d)", "d = softmax_backward(A, d)")]
+    assert ("  each step's backward needs the gradient of the step after it: the reverse order "
+            "of the forward") in str(report).splitlines()
 
 
 def test_parentheses_in_the_wrong_place_are_moved_and_said_so():

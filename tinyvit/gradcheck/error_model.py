@@ -215,7 +215,30 @@ class _Proposer:
         self._copies(body, index)
         self._guards(body, index)
         self._swapped_layers(body, index)
+        self._swapped_steps(body, index)
         self._dropped(body, index)
+
+    def _swapped_steps(self, body, index):
+        """Two steps of a chain in each other's place: g = f(A, d); g = h(g) for
+        g = h(d); g = f(A, g), the dropout's backward and the softmax's in the wrong order.
+        The second step's call reads the first's name; each call keeps what it is given
+        but for the gradient the chain hands on."""
+        s, following = self.statement, body[index + 1] if index + 1 < len(body) else None
+        if not (_chain_step(s) and _chain_step(following)):
+            return
+        name = s.targets[0].id
+        handed = [i for i, a in enumerate(following.value.args) if _is_name(a, name)]
+        if len(handed) != 1:
+            return
+        for i, given in enumerate(s.value.args):
+            if isinstance(given, ast.Name) and given.id in self.scope.arrays(self.line):
+                first = copy.deepcopy(following.value)
+                first.args[handed[0]] = given
+                second = copy.deepcopy(s.value)
+                second.args[i] = ast.Name(id=name, ctx=ast.Load())
+                self.add("order", [(s, "value", None), (following, "value", None)],
+                         [located(first, s.value), located(second, following.value)],
+                         owners=[s, following], what="steps")
 
     def _dropped(self, body, index):
         """A step that does not belong: a statement that gives a name already holding an
@@ -1203,6 +1226,13 @@ def _kind_of(value):
 def _is_name(node, name):
     """Whether ``node`` is the name ``name`` (None: no name is)."""
     return isinstance(node, ast.Name) and name is not None and node.id == name
+
+
+def _chain_step(statement):
+    """Whether a statement gives one name the value of a call: a step a chain may take."""
+    return (isinstance(statement, ast.Assign) and len(statement.targets) == 1
+            and isinstance(statement.targets[0], ast.Name)
+            and isinstance(statement.value, ast.Call))
 
 
 def _layer_calls(statement, me):
