@@ -131,6 +131,22 @@ def test_code_changed_since_it_passed_is_said_by_status_and_the_training(workboo
         f"check 1 {workbook})")
 
 
+def test_a_notebook_saved_with_its_blank_untouched_is_not_the_code_that_passed(workbook,
+                                                                               capsys):
+    """Saving the notebook (as Jupyter does after its cells run) leaves the answer in the
+    .py file, which passed: the notebook's blank, quoted in its JSON, is still a blank."""
+    ex = by_name("linear")
+    path = workbook / ex.filename
+    path.write_text(fill(path.read_text(), ex))
+    load_exercise(path).test_linear()  # passes
+    notebook = workbook / ex.notebook
+    notebook.write_text(notebook.read_text())  # saved later than the .py, unchanged
+    capsys.readouterr()
+    assert command.main(["status", str(workbook)]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == (
+        f"  1  PASS             {ex.filename:<26} {ex.title}")
+
+
 def test_a_comment_or_a_blank_line_added_after_passing_is_not_a_change(workbook, capsys):
     ex = by_name("linear")
     path = workbook / ex.filename

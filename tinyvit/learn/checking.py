@@ -809,12 +809,18 @@ def load_exercise(path):
     return module
 
 
-def load_notebook(path):
-    """The module of the learner's code in an exercise's notebook: its cells tagged
-    "setup" and "answer" (``notebook.py``), run as one file."""
+def notebook_code(path):
+    """The code of an exercise's notebook that is the learner's module: its cells tagged
+    "setup" and "answer" (``notebook.py``), as one file's text."""
     cells = json.loads(Path(path).read_text())["cells"]
-    source = "\n\n".join("".join(cell["source"]) for cell in cells
-                          if {"setup", "answer"} & set(cell["metadata"].get("tags", ())))
+    return "\n\n".join("".join(cell["source"]) for cell in cells
+                       if {"setup", "answer"} & set(cell["metadata"].get("tags", ())))
+
+
+def load_notebook(path):
+    """The module of the learner's code in an exercise's notebook (``notebook_code``),
+    run as one file."""
+    source = notebook_code(path)
     name = f"workbook_{Path(path).stem}_notebook"
     module = types.ModuleType(name)
     module.__file__ = str(path)

@@ -31,6 +31,7 @@ from .checking import (
     fingerprint,
     load_exercise,
     load_notebook,
+    notebook_code,
 )
 from .exercises import EXERCISES, STEPS, TRAINING, by_number
 from .workbook import BLANK
@@ -142,7 +143,9 @@ def written(folder, ex):
 
 
 def _is_written(path, ex):
-    return BLANK.format(number=ex.number) not in path.read_text()
+    """Whether the blank of ``path`` (a file, or a notebook's code) is written."""
+    code = notebook_code(path) if path.suffix == ".ipynb" else path.read_text()
+    return BLANK.format(number=ex.number) not in code
 
 
 def _batches(folder):
