@@ -22,7 +22,7 @@ import traceback
 import warnings
 
 from tinyvit.allocator import keep_freed_memory
-from tinyvit.backend import BackendError, environment_backend
+from tinyvit.backend import BackendError, environment_backend, set_backend
 from tinyvit.data import DatasetError
 from tinyvit.fast import check_environment
 from tinyvit.files import NoSpaceError
@@ -86,8 +86,8 @@ MODEL_FLAGS = ("image_size", "patch_size", "embed_dim", "depth", "num_heads", "m
 # takes every setting from its checkpoint, --out to continue into another folder than
 # the checkpoint's, and --data-dir where the data has moved. Any other flag given with one of them
 # would be silently ignored, so it is an error instead.
-MODES = {"resume": ("out_dir", "data_dir"), "eval": ("data_dir", "test_subset"),
-         "predict": ("checkpoint",)}
+MODES = {"resume": ("out_dir", "data_dir"), "eval": ("data_dir", "test_subset", "backend"),
+         "predict": ("checkpoint", "backend")}
 
 
 def parse_args(argv):
@@ -196,7 +196,8 @@ def check_mode(parser, args):
     mode = modes[0]
     ignored = [flag[dest] for dest in given if dest != mode and dest not in MODES[mode]]
     if ignored:
-        reads = " and ".join(flag[dest] for dest in MODES[mode])
+        read = [flag[dest] for dest in MODES[mode]]
+        reads = " and ".join(filter(None, (", ".join(read[:-1]), read[-1])))
         reads = (f"every setting from the checkpoint, and {reads}" if mode == "resume"
                  else f"only {reads}")
         again = (f"; to change them, train a new run from its weights: --init "
@@ -254,6 +255,8 @@ def said_with_flags(message, given):
 
 def run(args, mode, config):
     """Train, resume, evaluate or predict, as ``mode`` says."""
+    if mode in ("eval", "predict"):  # a run's backend is its config's
+        set_backend(args.backend or environment_backend())
     if mode == "predict":
         model, config = load_trained(args.checkpoint)
         for name, prob in predict(model, config, args.predict):
@@ -281,7 +284,7 @@ def main(argv=None):
         with warnings.catch_warnings():  # more threads than cores: the start's line says it
             warnings.simplefilter("ignore", RuntimeWarning)  # where the kernels run here
             check_environment()  # TINYVIT_NUM_THREADS, TINYVIT_NUMBA, TINYVIT_MKL, read again
-        if mode in ("eval", "predict"):  # on TINYVIT_BACKEND's backend; a run, on its config's
+        if mode in ("eval", "predict") and args.backend is None:  # TINYVIT_BACKEND's
             environment_backend()
         config = make_config(args) if mode == "train" else None
         world = communicator() if size > 1 else None

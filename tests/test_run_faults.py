@@ -261,7 +261,7 @@ def test_a_finished_run_resumed_into_another_folder_says_so_and_the_folder_holds
     assert (tmp_path / "b" / "last.npz").read_bytes() == ended  # as the report says it wrote
     b = tmp_path / "b"
     assert out.endswith(f"wrote {b / 'metrics.json'}, {b / 'curves.png'}, {b / 'confusion.png'}; "
-                        f"{b / 'best.npz'}, {b / 'last.npz'} are the run's as it ended\n")
+                        f"{b / 'best.npz'}, {b / 'last.npz'} hold the run as it ended\n")
     for name in ("best.npz", "metrics.json", "curves.png", "confusion.png"):
         assert (b / name).is_file()
     assert train_mnist.main(["--resume", str(b)]) == 0

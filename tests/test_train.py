@@ -248,9 +248,9 @@ def test_cli_rejects_a_flag_out_of_range_in_one_line(tmp_path, capsys, flags, me
      "ignore --epochs; to change them, train a new run from its weights: --init run/last.npz "
      "with the flags"),
     (["--eval", "best.npz", "--data-dir", "d", "--lr", "1"],
-     "--eval takes only --data-dir and --test-subset: it would ignore --lr"),
+     "--eval takes only --data-dir, --test-subset and --backend: it would ignore --lr"),
     (["--predict", "a.png", "--checkpoint", "best.npz", "--seed", "2"],
-     "--predict takes only --checkpoint: it would ignore --seed"),
+     "--predict takes only --checkpoint and --backend: it would ignore --seed"),
     (["--eval", "best.npz", "--predict", "a.png"],
      "--eval and --predict are separate modes: give one"),
     (["--checkpoint", "best.npz"],
@@ -409,7 +409,8 @@ def test_a_runs_backend_wins_over_tinyvit_backend_which_eval_reads_in_any_case(
         stripes, tmp_path, monkeypatch, capsys):
     """TINYVIT_BACKEND is read where the backend is first needed: a run sets its config's
     (--backend, the recipe's, a resumed run's checkpoint's) before that, --eval and
-    --predict run on the variable's, and a bad value is one line before any work."""
+    --predict run on --backend's, else on the variable's, and a bad value is one line
+    before any work."""
     monkeypatch.setattr(B, "_active", None)  # as imported: no backend chosen yet
     monkeypatch.setenv("TINYVIT_BACKEND", "abc")
     out = tmp_path / "run"
@@ -421,6 +422,10 @@ def test_a_runs_backend_wins_over_tinyvit_backend_which_eval_reads_in_any_case(
     assert capsys.readouterr().err == ("train_mnist.py: error: TINYVIT_BACKEND: expected numpy "
                                        "or cupy (in any case), got 'abc'\n")
     monkeypatch.setattr(B, "_active", None)
+    assert train_mnist.main(["--eval", str(out / "best.npz"), "--data-dir", str(stripes),
+                             "--backend", "numpy"]) == 0  # the flag wins over the variable
+    assert B.get_backend() == "numpy"
+    monkeypatch.setattr(B, "_active", None)
     monkeypatch.setenv("TINYVIT_BACKEND", "NumPy")
     assert train_mnist.main(["--eval", str(out / "best.npz"), "--data-dir", str(stripes)]) == 0
     assert B.get_backend() == "numpy"
@@ -428,7 +433,7 @@ def test_a_runs_backend_wins_over_tinyvit_backend_which_eval_reads_in_any_case(
     last = (out / "last.npz").read_bytes()
     assert train_mnist.main(["--resume", str(out)]) == 0
     assert capsys.readouterr().out.endswith(
-        f"; {out / 'best.npz'}, {out / 'last.npz'} are the run's as it ended\n")
+        f"; {out / 'best.npz'}, {out / 'last.npz'} hold the run as it ended\n")
     assert (out / "last.npz").read_bytes() == last
 
 

@@ -33,7 +33,7 @@ def write_final_report(out, dataset, history, evaluation, trained=True):
     """Per-class accuracy and the confusion matrix of the final model, from its
     ``evaluate`` result: into ``metrics.json``, ``confusion.png`` and the terminal.
     ``trained``: whether this call trained, and so wrote best.npz and last.npz (a
-    resumed run that had ended did not: they are the run's as it ended)."""
+    resumed run that had ended did not: they hold the run as it ended)."""
     _, test_acc, predictions, labels = evaluation
     classes = dataset_info(dataset).classes
     counts = confusion_matrix(predictions, labels, len(classes))
@@ -48,4 +48,4 @@ def write_final_report(out, dataset, history, evaluation, trained=True):
     reports = f"{out / 'metrics.json'}, {out / 'curves.png'}, {out / 'confusion.png'}"
     checkpoints = f"{out / 'best.npz'}, {out / 'last.npz'}"
     print(f"wrote {reports}, {checkpoints}" if trained else
-          f"wrote {reports}; {checkpoints} are the run's as it ended")
+          f"wrote {reports}; {checkpoints} hold the run as it ended")
