@@ -60,7 +60,8 @@ def check_training(folder):
         raise ExerciseFailed(f"exercise {TRAINING} trains on your layers where they pass their "
                              f"checks: none of exercises 1-{TRAINING - 1} has passed yet "
                              f"(python -m tinyvit.learn status {folder})")
-    yours, mine = _learners_classes(folder, passed)
+    trains = _trains(passed)
+    yours, mine = _learners_classes(folder, trains)
     with using_backend("numpy"), default_dtype("float64"):
         try:
             batches = _batches(folder)
@@ -76,7 +77,7 @@ def check_training(folder):
     table = [f"step {s:>3}: yours {losses[s]:.10f}, the library's {library[s]:.10f}"
              for s in sorted({0, steps // 4, steps // 2, 3 * steps // 4, steps - 1})]
     whose = (f"yours: {mine}; the library's: every other layer (exercises not passed: "
-             f"{', '.join(str(n) for n in NEEDED if n not in passed) or 'none'})")
+             f"{', '.join(str(n) for n in _trains(NEEDED) if n not in passed) or 'none'})")
     drawn = f"The curves, drawn: {picture}"
     if parted.size:
         step = int(parted[0])
@@ -92,17 +93,32 @@ def check_training(folder):
                      whose, *table, drawn]))
 
 
+def _trains(numbers):
+    """The exercises among ``numbers`` whose code the training runs: a layer the MNIST
+    preset has (not Tanh, nor LayerNorm through its intermediates), its loss, or a
+    function such a layer calls."""
+    used = {type(module) for _, module in _preset().named_modules()} | {SoftmaxCrossEntropy}
+    return [n for n in numbers
+            if by_number(n).is_function or by_number(n).reference in used]
+
+
+def _preset():
+    """The MNIST preset the training exercise trains, mean-pooled, from seed 0."""
+    return create_model("mnist", pool="mean", seed=0)
+
+
 def _learners_classes(folder, passed):
     """{the library's class: the learner's} for the exercises in ``passed``, read from
-    the workbook's files (``written``), and what they are, said; Attention takes both of
-    the learner's methods where both passed (its core, exercise 12; the layer, 15)."""
+    the workbook's files (``written``), and what they are, said (a function where one of
+    the learner's layers calls it); Attention takes both of the learner's methods where
+    both passed (its core, exercise 12; the layer, 15)."""
     functions = {ex.reference: getattr(written(folder, ex), ex.yours)
                  for ex in EXERCISES if ex.number in passed and ex.is_function}
     firsts = {}  # the first exercise of a method: GELU's exact form, not tanh's
     for ex in EXERCISES:
         if ex.number in NEEDED and ex.method:
             firsts.setdefault((ex.reference, ex.method), ex)
-    classes, names = {}, []
+    classes, names, called = {}, [], set()
     for ex in firsts.values():
         if ex.number not in passed:
             continue
@@ -110,10 +126,11 @@ def _learners_classes(folder, passed):
         for name, value in list(vars(module).items()):  # the learner's, where imported
             if callable(value) and value in functions:
                 setattr(module, name, functions[value])
+                called.add(value)
         classes.setdefault(ex.reference, {})[ex.method] = getattr(module, ex.yours)
         names.append(f"{ex.title} ({ex.number})")
     names += [f"{ex.yours} ({ex.number}, inside your layers that call it)"
-              for ex in EXERCISES if ex.reference in functions]
+              for ex in EXERCISES if ex.reference in called]
     yours = {reference: type(f"Your{reference.__name__}", (reference,),
                              {name: cls.__dict__[name] for name, cls in methods.items()})
              for reference, methods in classes.items()}
@@ -186,7 +203,7 @@ class _Trainer:
     where ``yours`` ({the library's class: the learner's}) has them."""
 
     def __init__(self, yours):
-        self.model = create_model("mnist", pool="mean", seed=0)
+        self.model = _preset()
         for _, module in self.model.named_modules():
             if type(module) in yours:
                 module.__class__ = yours[type(module)]
