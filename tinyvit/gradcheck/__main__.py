@@ -29,7 +29,7 @@ def parse_args(argv):
     with backend.using_backend("numpy"):  # the names alone: main draws the cases' inputs
         names = [name for name, _ in cases()]  # again, on the backend chosen
     p = argparse.ArgumentParser(prog="python -m tinyvit.gradcheck", description=__doc__.split(
-        "\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+        "\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--layer", nargs="+", action="extend", metavar="NAME",
                    help=f"check these cases alone (several allowed): {', '.join(names)}")
     p.add_argument("--tier", choices=TIERS, default="both",
