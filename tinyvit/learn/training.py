@@ -13,6 +13,7 @@ the training stops there.
 
 import json
 import os
+import sys
 
 import numpy as np  # the two loss curves, on the host
 from tqdm import tqdm
@@ -60,8 +61,7 @@ def check_training(folder):
         raise ExerciseFailed(f"exercise {TRAINING} trains on your layers where they pass their "
                              f"checks: none of exercises 1-{TRAINING - 1} has passed yet "
                              f"(python -m tinyvit.learn status {folder})")
-    trains = _trains(passed)
-    yours, mine = _learners_classes(folder, trains)
+    yours, mine = _learners_classes(folder, passed)
     with using_backend("numpy"), default_dtype("float64"):
         try:
             batches = _batches(folder)
@@ -76,7 +76,7 @@ def check_training(folder):
     steps = len(library)
     table = [f"step {s:>3}: yours {losses[s]:.10f}, the library's {library[s]:.10f}"
              for s in sorted({0, steps // 4, steps // 2, 3 * steps // 4, steps - 1})]
-    whose = (f"yours: {mine}; the library's: every other layer (exercises not passed: "
+    whose = (f"yours: {mine or 'none'}; the library's: every other layer (exercises not passed: "
              f"{', '.join(str(n) for n in _trains(NEEDED) if n not in passed) or 'none'})")
     drawn = f"The curves, drawn: {picture}"
     if parted.size:
@@ -94,12 +94,17 @@ def check_training(folder):
 
 
 def _trains(numbers):
-    """The exercises among ``numbers`` whose code the training runs: a layer the MNIST
-    preset has (not Tanh, nor LayerNorm through its intermediates), its loss, or a
-    function such a layer calls."""
+    """The exercises among ``numbers`` whose code the training can run: a method of a layer
+    the MNIST preset has (or of its loss), its first exercise (GELU's exact form, not the
+    tanh form; not Tanh, nor LayerNorm through its intermediates), or a function the
+    library's module of such a layer calls (not softmax through its Jacobian)."""
     used = {type(module) for _, module in _preset().named_modules()} | {SoftmaxCrossEntropy}
-    return [n for n in numbers
-            if by_number(n).is_function or by_number(n).reference in used]
+    called = {id(value) for layer in used for value in vars(sys.modules[layer.__module__]).values()}
+    firsts = {(ex.reference, ex.method): ex for ex in reversed(EXERCISES) if ex.method}
+    return [n for n in numbers if (id(by_number(n).reference) in called
+                                   if by_number(n).is_function else
+                                   by_number(n) in firsts.values()
+                                   and by_number(n).reference in used)]
 
 
 def _preset():
@@ -108,19 +113,17 @@ def _preset():
 
 
 def _learners_classes(folder, passed):
-    """{the library's class: the learner's} for the exercises in ``passed``, read from
-    the workbook's files (``written``), and what they are, said (a function where one of
-    the learner's layers calls it); Attention takes both of the learner's methods where
-    both passed (its core, exercise 12; the layer, 15)."""
+    """{the library's class: the learner's} for the exercises in ``passed`` that the
+    training runs (``_trains``), read from the workbook's files (``written``), and what
+    they are, said (a function where one of the learner's layers calls it); Attention
+    takes both of the learner's methods where both passed (its core, exercise 12; the
+    layer, 15)."""
+    passed = _trains(passed)
     functions = {ex.reference: getattr(written(folder, ex), ex.yours)
                  for ex in EXERCISES if ex.number in passed and ex.is_function}
-    firsts = {}  # the first exercise of a method: GELU's exact form, not tanh's
-    for ex in EXERCISES:
-        if ex.number in NEEDED and ex.method:
-            firsts.setdefault((ex.reference, ex.method), ex)
     classes, names, called = {}, [], set()
-    for ex in firsts.values():
-        if ex.number not in passed:
+    for ex in EXERCISES:
+        if ex.number not in passed or ex.is_function:
             continue
         module = written(folder, ex)
         for name, value in list(vars(module).items()):  # the learner's, where imported
