@@ -5,7 +5,8 @@ Fixtures: ``backend`` runs a test once per array backend (the CuPy run is marked
 checks both backends); ``tier`` runs it once per tier of layers: the test passes
 what it builds through ``tier(...)``, which returns it as built (the reference
 layers) or with the fast kernels of the active backend; ``stripes`` writes a small
-synthetic dataset in MNIST's official file layout.
+synthetic dataset in MNIST's official file layout; ``workbook`` is a test's own copy of
+a new workbook of ``python -m tinyvit.learn``, written once.
 
 Helpers, imported by the test files with ``from conftest import ...``: random
 arrays and parameter jitter (from ``tinyvit.gradcheck``), the official dataset
@@ -18,6 +19,7 @@ import gzip
 import hashlib
 import importlib.util
 import os
+import shutil
 import struct
 import time
 from pathlib import Path
@@ -132,28 +134,50 @@ def stripe_images(labels, seed):
     return images.astype(np.uint8)
 
 
-@pytest.fixture
-def stripes(tmp_path, monkeypatch):
-    """A synthetic dataset in MNIST's official file layout, registered as 'mnist':
-    320 training and 100 test images of ``stripe_images``. Returns the data folder."""
-    folder = tmp_path / "data" / "mnist"
+def write_stripes(data_dir):
+    """The synthetic dataset in MNIST's official file layout under ``data_dir``/mnist:
+    320 training and 100 test images of ``stripe_images``. Returns the mnist folder."""
+    folder = data_dir / "mnist"
     for split, n, seed in (("train", 320, 0), ("test", 100, 1)):
         labels = np.random.default_rng(seed).integers(0, 10, n)
         images_file, labels_file = MNIST_FILES[split]
         write_idx(folder / images_file, stripe_images(labels, seed), 2051)
         write_idx(folder / labels_file, labels, 2049)
+    return folder
+
+
+def register_stripes(monkeypatch, folder, cache):
+    """The files of ``folder`` registered as 'mnist' (their checksums), and the cache at
+    ``cache``, for the duration of a test."""
     patch_info(monkeypatch, "mnist", sha256={f.name: sha256(f) for f in folder.iterdir()})
-    monkeypatch.setenv("TINYVIT_CACHE", str(tmp_path / "cache"))
-    return folder.parent
+    monkeypatch.setenv("TINYVIT_CACHE", str(cache))
 
 
 @pytest.fixture
-def workbook(tmp_path, stripes):
-    """A new workbook (``python -m tinyvit.learn start``) whose training exercise reads the
-    synthetic MNIST files."""
-    folder = tmp_path / "workbook"
-    assert learn.main(["start", str(folder), "--data-dir", str(stripes)]) == 0
+def stripes(tmp_path, monkeypatch):
+    """``write_stripes``'s dataset, registered as 'mnist'. Returns the data folder."""
+    folder = write_stripes(tmp_path / "data")
+    register_stripes(monkeypatch, folder, tmp_path / "cache")
+    return folder.parent
+
+
+@pytest.fixture(scope="session")
+def new_workbook(tmp_path_factory):
+    """A new workbook (``python -m tinyvit.learn start``), written once, whose training
+    exercise reads ``write_stripes``'s files in the folder beside it. Tests change a
+    workbook: they take ``workbook``, a copy."""
+    root = tmp_path_factory.mktemp("new_workbook")
+    write_stripes(root / "data")
+    folder = root / "workbook"
+    assert learn.main(["start", str(folder), "--data-dir", str(root / "data")]) == 0
     return folder
+
+
+@pytest.fixture
+def workbook(tmp_path, monkeypatch, new_workbook):
+    """A copy of ``new_workbook`` for this test, the synthetic files it reads registered."""
+    register_stripes(monkeypatch, new_workbook.parent / "data" / "mnist", tmp_path / "cache")
+    return Path(shutil.copytree(new_workbook, tmp_path / "workbook"))
 
 
 def tiny_config(data_dir, out_dir, **changes):
