@@ -171,18 +171,28 @@ def check_runner_figures(config, name):
     assert config["loss_after_training"][name] > 0
 
 
+@pytest.fixture(scope="module")
+def both_tiers_and_this_tree(tmp_path_factory):
+    """run_tiny's JSON and stdout with both tiers timed and this tree as its own baseline:
+    the child imports the same code, so its logits and its loss after training are
+    tinyvit's."""
+    return run_tiny(tmp_path_factory.mktemp("tiers"), "--tiers", "fast,reference",
+                    "--baseline", str(ROOT), "--baseline-label", "same")
+
+
 @pytest.mark.slow
-def test_benchmark_times_both_tiers(bench, measure, tmp_path):
-    figures, stdout = run_tiny(tmp_path, "--tiers", "fast,reference")
+def test_benchmark_times_both_tiers(bench, measure, both_tiers_and_this_tree):
+    figures, stdout = both_tiers_and_this_tree
     config = figures["configs"]["A"]
     torch = ["torch"] if figures["machine"]["torch"] else []
-    assert config["runners"] == ["tinyvit", "tinyvit-reference", *torch]
+    assert config["runners"] == ["tinyvit", "tinyvit-reference", "tinyvit@same", *torch]
     assert figures["settings"]["tiers"] == ["fast", "reference"]
-    for name in config["runners"]:
+    for name in ["tinyvit", "tinyvit-reference", *torch]:
         check_runner_figures(config, name)
         assert config[name]["peak_memory"]["train"]["peak_mb"] > 0
     assert config["check"]["against"] == "tinyvit"
-    assert sorted(config["check"]["runners"]) == sorted(["tinyvit-reference", *torch])
+    assert sorted(config["check"]["runners"]) == sorted(["tinyvit-reference", "tinyvit@same",
+                                                         *torch])
     # both tiers' last block computes the class token's row alone
     flops = config["forward_matmul_flops"]
     one_row = measure.matmul_flops(bench.CONFIGS["A"], 8, last_block_rows=1)
@@ -193,13 +203,11 @@ def test_benchmark_times_both_tiers(bench, measure, tmp_path):
 
 
 @pytest.mark.slow
-def test_benchmark_baseline_of_this_tree_computes_the_same(tmp_path):
-    """This tree as its own baseline: the child imports the same code, so its logits
-    and its loss after training are tinyvit's."""
-    figures, stdout = run_tiny(tmp_path, "--baseline", str(ROOT), "--baseline-label", "same")
+def test_benchmark_baseline_of_this_tree_computes_the_same(both_tiers_and_this_tree):
+    figures, stdout = both_tiers_and_this_tree
     config = figures["configs"]["A"]
     torch = ["torch"] if figures["machine"]["torch"] else []
-    assert config["runners"] == ["tinyvit", "tinyvit@same", *torch]
+    assert config["runners"] == ["tinyvit", "tinyvit-reference", "tinyvit@same", *torch]
     assert figures["settings"]["baseline"] == str(ROOT)
     for name in config["runners"]:
         check_runner_figures(config, name)
