@@ -100,11 +100,14 @@ def _trains(numbers):
     library's module of such a layer calls (not softmax through its Jacobian)."""
     used = {type(module) for _, module in _preset().named_modules()} | {SoftmaxCrossEntropy}
     called = {id(value) for layer in used for value in vars(sys.modules[layer.__module__]).values()}
-    firsts = {(ex.reference, ex.method): ex for ex in reversed(EXERCISES) if ex.method}
-    return [n for n in numbers if (id(by_number(n).reference) in called
-                                   if by_number(n).is_function else
-                                   by_number(n) in firsts.values()
-                                   and by_number(n).reference in used)]
+    first = {(ex.reference, ex.method): ex for ex in reversed(EXERCISES) if ex.method}
+
+    def runs(ex):
+        if ex.is_function:
+            return id(ex.reference) in called
+        return ex.reference in used and first[(ex.reference, ex.method)] is ex
+
+    return [n for n in numbers if runs(by_number(n))]
 
 
 def _preset():
