@@ -255,7 +255,7 @@ def search(probe, expected, tol, budget=None, own_only=False, reference=None, ve
     runner = _Runner(probe, expected, tol, verify, noise)
     once = list(_assigned_once(recorded, sources))
     right = _right_statements(once, right_values or {}, probe.forward_values())
-    numbers = _numbers(recorded, sources)
+    numbers = _numbers(once)
 
     def rewrites_right(edit):
         """Whether it rewrites a statement written as the reference writes it, or one that
@@ -305,9 +305,10 @@ def search(probe, expected, tol, budget=None, own_only=False, reference=None, ve
 
 
 def _assigned_once(recorded, sources):
-    """(statement, its value at the function's end) for each statement of ``sources`` that
-    gives a name a value, the name assigned nowhere else in its function and never written
-    into, so that its value at the end is the statement's."""
+    """(statement, {name: its value at the function's end}) for each statement of
+    ``sources`` that gives a name a value, or unpacks values into names (c, a = TANH_C,
+    TANH_A), each name assigned nowhere else in its function and never written into, so
+    that its value at the end is the statement's."""
     for source in sources:
         at_end = next((call.scopes.get("return", {}) for call in recorded.calls
                        if call.code is source.code), {})
@@ -316,47 +317,39 @@ def _assigned_once(recorded, sources):
         written = {n.value.id for n in ast.walk(source.tree) if isinstance(n, ast.Subscript)
                    and isinstance(n.ctx, ast.Store) and isinstance(n.value, ast.Name)}
         for statement, _, _ in statements(source.tree.body):
-            if (isinstance(statement, ast.Assign) and len(statement.targets) == 1
-                    and isinstance(statement.targets[0], ast.Name)):
-                name = statement.targets[0].id
-                if stores[name] == 1 and name not in written and name in at_end:
-                    yield statement, at_end[name]
+            if not (isinstance(statement, ast.Assign) and len(statement.targets) == 1):
+                continue
+            target = statement.targets[0]
+            names = [target] if isinstance(target, ast.Name) else getattr(target, "elts", [None])
+            if all(isinstance(n, ast.Name) and stores[n.id] == 1 and n.id not in written
+                   and n.id in at_end for n in names):
+                yield statement, {n.id: at_end[n.id] for n in names}
 
 
 def _right_statements(once, values, forward):
-    """{id(statement)}: the statements of ``once`` (``_assigned_once``) that give a name the
-    value that the right code's name of that spelling held (``values``, {name: [arrays]}),
-    or that compute again a value the forward computed (``forward``: y = x * normal_cdf(x)
-    in GELU's backward, where the mistake is y read for x; not a name for one, p =
-    log_probs, whose mistake may be the name)."""
+    """{id(statement)}: the statements of ``once`` (``_assigned_once``) that give one name
+    the value that the right code's name of that spelling held (``values``, {name:
+    [arrays]}), or that compute again a value the forward computed (``forward``: y = x *
+    normal_cdf(x) in GELU's backward, where the mistake is y read for x; not a name for
+    one, p = log_probs, whose mistake may be the name)."""
     found = set()
-    for statement, value in once:
+    for statement, named in once:
+        if len(named) != 1 or not isinstance(statement.targets[0], ast.Name):
+            continue
+        (name, value), = named.items()
         computed = not isinstance(statement.value, (ast.Name, ast.Attribute, ast.Subscript))
-        rights = [*values.get(statement.targets[0].id, ()), *(forward if computed else ())]
+        rights = [*values.get(name, ()), *(forward if computed else ())]
         if is_array(value) and any(_same_values(value, right) for right in rights):
             found.add(id(statement))
     return found
 
 
-def _numbers(recorded, sources):
-    """{id(statement)}: the statements of ``sources`` that give each of their names a
-    number, not an array nor a truth value (a size, B = t.shape[0]; coefficients, c, a =
-    TANH_C, TANH_A), each name assigned nowhere else in its function."""
-    found = set()
-    for source in sources:
-        at_end = next((call.scopes.get("return", {}) for call in recorded.calls
-                       if call.code is source.code), {})
-        stores = collections.Counter(n.id for n in ast.walk(source.tree)
-                                     if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store))
-        for statement, _, _ in statements(source.tree.body):
-            if not (isinstance(statement, ast.Assign) and len(statement.targets) == 1):
-                continue
-            target = statement.targets[0]
-            names = [target] if isinstance(target, ast.Name) else getattr(target, "elts", [None])
-            if all(isinstance(n, ast.Name) and stores[n.id] == 1 and n.id in at_end
-                   and _is_number(at_end[n.id]) for n in names):
-                found.add(id(statement))
-    return found
+def _numbers(once):
+    """{id(statement)}: the statements of ``once`` (``_assigned_once``) that give each of
+    their names a number, not an array nor a truth value (a size, B = t.shape[0];
+    coefficients, c, a = TANH_C, TANH_A)."""
+    return {id(statement) for statement, named in once
+            if all(_is_number(value) for value in named.values())}
 
 
 def _is_number(value):
