@@ -11,6 +11,7 @@ right only at some shapes, or only where the checks looked, parts the curves, an
 the training stops there.
 """
 
+import functools
 import json
 import os
 import sys
@@ -94,10 +95,16 @@ def check_training(folder):
 
 
 def _trains(numbers):
-    """The exercises among ``numbers`` whose code the training can run: a method of a layer
-    the MNIST preset has (or of its loss), its first exercise (GELU's exact form, not the
-    tanh form; not Tanh, nor LayerNorm through its intermediates), or a function the
-    library's module of such a layer calls (not softmax through its Jacobian)."""
+    """The exercises among ``numbers`` whose code the training can run (``_run``)."""
+    return [n for n in numbers if n in _run()]
+
+
+@functools.cache
+def _run():
+    """The exercises whose code the training can run: a method of a layer the MNIST preset
+    has (or of its loss), its first exercise (GELU's exact form, not the tanh form; not
+    Tanh, nor LayerNorm through its intermediates), or a function the library's module of
+    such a layer calls (not softmax through its Jacobian)."""
     used = {type(module) for _, module in _preset().named_modules()} | {SoftmaxCrossEntropy}
     called = {id(value) for layer in used for value in vars(sys.modules[layer.__module__]).values()}
     first = {(ex.reference, ex.method): ex for ex in reversed(EXERCISES) if ex.method}
@@ -107,7 +114,7 @@ def _trains(numbers):
             return id(ex.reference) in called
         return ex.reference in used and first[(ex.reference, ex.method)] is ex
 
-    return [n for n in numbers if runs(by_number(n))]
+    return frozenset(ex.number for ex in EXERCISES if runs(ex))
 
 
 def _preset():
