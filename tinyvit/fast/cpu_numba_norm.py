@@ -16,28 +16,30 @@ from .blocks import each_block
 from .cpu_numba import check_shapes, compile_for_block
 
 
-def _layer_norm(x, r, add, w, b, eps, s, xhat, keep, rstd, y):
-    """s = x + r (if add), xhat = (s - mean) rstd (kept if keep), y = xhat w + b, row
-    by row: the mean and the variance summed in float64, the rest in x's dtype."""
+def _layer_norm(x, r, w, b, eps, s, xhat, rstd, y):
+    """s = x + r (r and s None: no residual add, s is x), xhat = (s - mean) rstd (None:
+    not kept), y = xhat w + b, row by row: the mean and the variance summed in float64,
+    the rest in x's dtype. Numba compiles one loop for each pattern of None arguments,
+    with the tests on them decided there: no branch is left in the loops."""
     M, D = x.shape
     cast = x.dtype.type
     for m in range(M):
         mean = 0.0
         for j in range(D):
-            v = x[m, j] + r[m, j] if add else x[m, j]
-            if add:
+            v = x[m, j] + r[m, j] if r is not None else x[m, j]
+            if r is not None:
                 s[m, j] = v
             mean += v
         mu = cast(mean / D)
         var = 0.0
         for j in range(D):
-            c = s[m, j] - mu
+            c = (s[m, j] if r is not None else x[m, j]) - mu
             var += c * c
         inv = cast(1.0 / math.sqrt(var / D + eps))
         rstd[m, 0] = inv
         for j in range(D):
-            h = (s[m, j] - mu) * inv
-            if keep:
+            h = ((s[m, j] if r is not None else x[m, j]) - mu) * inv
+            if xhat is not None:
                 xhat[m, j] = h
             y[m, j] = h * w[j] + b[j]
 
@@ -46,10 +48,8 @@ def layer_norm(x, r, weight, bias, eps, keep):
     """(s, xhat or None, rstd, y) for (M, D) x and r (None: s is x); xhat is kept for
     the backward if keep."""
     add = r is not None
-    # without r the loop gets x as s, which it types as an array it may write: so a
-    # read-only x (a memory-mapped file's, say) is copied
-    x = xp.require(x, requirements="C" if add else "CW")
-    r = xp.ascontiguousarray(r) if add else x
+    x = xp.ascontiguousarray(x)
+    r = xp.ascontiguousarray(r) if add else x  # each_block takes arrays: x stands in for r
     M, D = x.shape
     check_shapes("layer_norm", r=(r, (M, D)), weight=(weight, (D,)), bias=(bias, (D,)))
     s = xp.empty(x.shape, dtype=x.dtype) if add else x
@@ -60,15 +60,16 @@ def layer_norm(x, r, weight, bias, eps, keep):
     kernel = compile_for_block(_layer_norm)
 
     def normalize(x, r, s, xhat, rstd, y):  # one block of rows
-        kernel(x, r, add, w, b, eps, s, xhat, keep, rstd, y)
+        kernel(x, r if add else None, w, b, eps, s if add else None, xhat if keep else None,
+               rstd, y)
 
     each_block(normalize, x, r, s, xhat, rstd, y)
     return s, (xhat if keep else None), rstd, y
 
 
-def _layer_norm_backward(dout, xhat, rstd, w, dskip, add, dx, dgamma, dbeta):
-    """dx row by row (plus dskip, if add), its two means summed in float64, the rest in
-    dout's dtype; dgamma, dbeta (D,): the block's column sums, in float64."""
+def _layer_norm_backward(dout, xhat, rstd, w, dskip, dx, dgamma, dbeta):
+    """dx row by row (plus dskip, None: none), its two means summed in float64, the rest
+    in dout's dtype; dgamma, dbeta (D,): the block's column sums, in float64."""
     M, D = dout.shape
     cast = dout.dtype.type
     for m in range(M):
@@ -83,7 +84,7 @@ def _layer_norm_backward(dout, xhat, rstd, w, dskip, add, dx, dgamma, dbeta):
         mg, mgx = cast(mean_g / D), cast(mean_gx / D)
         for j in range(D):
             v = (dx[m, j] - mg - xhat[m, j] * mgx) * rstd[m, 0]
-            dx[m, j] = v + dskip[m, j] if add else v
+            dx[m, j] = v + dskip[m, j] if dskip is not None else v
 
 
 def layer_norm_backward(dout, xhat, rstd, weight, dskip):
@@ -100,7 +101,7 @@ def layer_norm_backward(dout, xhat, rstd, weight, dskip):
 
     def gradient(dout, xhat, rstd, dskip, dx):  # one block of rows: its column sums
         dgamma, dbeta = (xp.zeros(dout.shape[1], dtype=xp.float64) for _ in range(2))
-        kernel(dout, xhat, rstd, w, dskip, add, dx, dgamma, dbeta)
+        kernel(dout, xhat, rstd, w, dskip if add else None, dx, dgamma, dbeta)
         return dgamma, dbeta
 
     dgamma, dbeta = (xp.zeros(dout.shape[1], dtype=xp.float64) for _ in range(2))
