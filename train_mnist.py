@@ -21,6 +21,7 @@ import sys
 import traceback
 import warnings
 
+from tinyvit import cli
 from tinyvit.allocator import keep_freed_memory
 from tinyvit.backend import BackendError, environment_backend, set_backend
 from tinyvit.data import DatasetError
@@ -343,4 +344,4 @@ def run_reporting_errors(args, mode, config):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run(main))

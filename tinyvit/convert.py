@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import cli
 from .train.predict import check_checkpoint_config
 from .weights import read_pretrained, save_model, save_pretrained
 from .weights.checkpoint import is_training_checkpoint
@@ -81,4 +82,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run(main))

@@ -9,6 +9,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
+from . import cli
 from .backend import BACKENDS, BackendError, environment_backend, set_backend, xp
 from .data import DatasetError, dataset_info, load_image
 from .train import load_trained, make_batches
@@ -91,4 +92,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run(main))

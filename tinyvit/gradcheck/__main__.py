@@ -16,7 +16,7 @@ with how many tensors passed, and exits with status 1 if one failed.
 import argparse
 import sys
 
-from .. import backend
+from .. import backend, cli
 from ..fast import accelerate
 from . import gradient_check
 from .cases import cases
@@ -91,4 +91,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run(main))

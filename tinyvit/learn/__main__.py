@@ -14,6 +14,7 @@ import sys
 import traceback
 from pathlib import Path
 
+from .. import cli
 from .checking import MARKER, ExerciseFailed, Progress, load_exercise
 from .exercises import EXERCISES, TRAINING, by_number
 from .hints import next_hint
@@ -155,4 +156,4 @@ COMMANDS = {"status": status, "check": check, "hint": hint, "solution": show_sol
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run(main))
