@@ -31,7 +31,7 @@ def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m tinyvit.gradcheck", description=__doc__.split(
         "\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--layer", nargs="+", action="extend", metavar="NAME",
-                   help=f"check these cases alone (several allowed): {', '.join(names)}")
+                   help=f"check these cases alone (several allowed; any case of letters): {', '.join(names)}")
     p.add_argument("--tier", choices=TIERS, default="both",
                    help="the reference layers, their fast kernels, or both (default)")
     p.add_argument("--backend", choices=backend.BACKENDS,
@@ -42,7 +42,9 @@ def parse_args(argv):
         args.backend = args.backend or backend.environment_backend()
     except ValueError as error:  # TINYVIT_BACKEND's value
         p.error(str(error))
-    unknown = [name for name in args.layer or () if name not in names]
+    spelled = {name.lower(): name for name in names}  # --layer linear names Linear
+    args.layer = [spelled.get(name.lower(), name) for name in args.layer or ()]
+    unknown = [name for name in args.layer if name not in names]
     if unknown:
         p.error(f"no case named {', '.join(unknown)}; the cases: {', '.join(names)}")
     return args
