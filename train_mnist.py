@@ -260,8 +260,11 @@ def run(args, mode, config):
         set_backend(args.backend or environment_backend())
     if mode == "predict":
         model, config = load_trained(args.checkpoint)
-        for name, prob in predict(model, config, args.predict):
-            print(f"{name}: {prob:.4f}")
+        classes, changes = predict(model, config, args.predict)
+        print(f"{args.predict} ({', '.join(changes)}), the top {len(classes)} classes of "
+              f"{config.dataset} by {trained_path(args.checkpoint)}:")
+        for name, prob in classes:
+            print(f"  {name}: {prob:.4f}")
     elif mode == "eval":
         model, config = load_trained(args.eval)
         try:  # the flags checked as a run's

@@ -13,7 +13,7 @@ from PIL import Image
 import train_mnist
 from conftest import REAL_DATA, stripe_images, tiny_config
 from tinyvit import backend as B
-from tinyvit.data import DatasetError, dataset_info, load_image
+from tinyvit.data import DatasetError, dataset_info, load_image, read_image
 from tinyvit.data.readers import read_idx
 from tinyvit.train import fit
 
@@ -192,12 +192,17 @@ def test_the_command_line_predicts_every_form_alike_and_refuses_a_folder(
     Image.fromarray((255 - three).astype(np.uint16) * 257).save(tmp_path / "three16.png")
     Image.fromarray(rgba(0, three)).save(tmp_path / "three_rgba.png")
     capsys.readouterr()
-    answers = []
+    answers, headers = [], []
     for name in ("three.png", "three16.png", "three_rgba.png"):
         assert train_mnist.main(["--predict", str(tmp_path / name),
                                  "--checkpoint", checkpoint]) == 0
-        lines = [line.split(": ") for line in capsys.readouterr().out.splitlines()]
+        header, *said = capsys.readouterr().out.splitlines()
+        headers.append(header.removeprefix(f"{tmp_path / name} (").split("), the top")[0])
+        lines = [line.strip().split(": ") for line in said]
         answers.append(([k for k, _ in lines], [float(p) for _, p in lines]))
+    assert headers == ["28x28 L", "28x28 I;16, inverted (dark strokes on light paper)",
+                       "28x28 RGBA, read as gray, the transparent part made the black "
+                       "background, the visible part the strokes"]
     for classes, probabilities in answers[1:]:
         assert classes[0] == answers[0][0][0] == "3"
         np.testing.assert_allclose(probabilities, answers[0][1], atol=2e-4)
@@ -205,3 +210,22 @@ def test_the_command_line_predicts_every_form_alike_and_refuses_a_folder(
     assert capsys.readouterr().err == (f"train_mnist.py: error: cannot read image {tmp_path}: "
                                        "it is a directory, expected an image file (PNG, JPEG, "
                                        "BMP, GIF, TIFF, WebP, ...)\n")
+
+
+@pytest.mark.parametrize("dataset, picture, changes", [
+    ("mnist", Image.new("L", (28, 28)), ["28x28 L"]),
+    ("mnist", Image.new("RGB", (56, 40), "white"),
+     ["56x40 RGB", "read as gray", "inverted (dark strokes on light paper)", "resized to 28x28"]),
+    ("cifar10", Image.new("L", (64, 48)), ["64x48 L", "gray in each of the 3 channels",
+                                          "resized to 32x32"]),
+    ("cifar10", Image.new("CMYK", (32, 32)), ["32x32 CMYK", "read as RGB"]),
+    ("cifar10", Image.new("RGBA", (32, 32), (9, 9, 9, 255)), ["32x32 RGBA"]),
+    ("cifar10", Image.new("RGBA", (32, 32), (9, 9, 9, 128)),
+     ["32x32 RGBA", "shown over white where transparent"]),
+])
+def test_read_image_says_what_became_of_the_picture(tmp_path, dataset, picture, changes):
+    path = tmp_path / ("picture.tiff" if picture.mode == "CMYK" else "picture.png")
+    picture.save(path)
+    batch, said = read_image(path, dataset, dataset_info(dataset).image_shape[1])
+    assert said == changes
+    assert np.array_equal(B.to_host(batch), B.to_host(load_image(path, dataset, batch.shape[-1])))

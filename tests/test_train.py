@@ -204,9 +204,12 @@ def test_cli_trains_evaluates_and_predicts(stripes, tmp_path, capsys):
         draw_stripes(picture, 3, inverted=inverted)
         assert train_mnist.main(["--predict", str(picture),
                                  "--checkpoint", str(out / "best.npz")]) == 0
-        lines = capsys.readouterr().out.strip().splitlines()
+        header, *lines = capsys.readouterr().out.splitlines()
+        inversion = ", inverted (dark strokes on light paper)" if inverted else ""
+        assert header == (f"{picture} (112x112 RGB, read as gray{inversion}, resized to "
+                          f"28x28), the top 3 classes of mnist by {out / 'best.npz'}:")
         assert len(lines) == 3
-        assert lines[0].startswith("3: ")
+        assert lines[0].startswith("  3: ")
         probabilities = [float(line.split(": ")[1]) for line in lines]
         assert probabilities == sorted(probabilities, reverse=True) and sum(probabilities) <= 1.0
 

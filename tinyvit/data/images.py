@@ -20,6 +20,7 @@ from .datasets import DatasetError, dataset_info
 
 EXPECTED = "expected an image file (PNG, JPEG, BMP, GIF, TIFF, WebP, ...)"
 SIXTEEN_BIT = ("I;16", "I;16B", "I;16L", "I;16N")
+GRAY_MODES = ("1", "L", "LA", "I", "F", *SIXTEEN_BIT)  # Pillow's modes of one gray plane
 # the ranges an integer ("I") or float ("F") picture is read in: the smallest that holds
 # its values (a 16-bit PNG read as "I" is 0..65535, a float picture usually 0..1)
 RANGES = {"I": (255, 65535), "F": (1, 255, 65535)}
@@ -38,16 +39,43 @@ def load_image(path, dataset, image_size):
     A color dataset's picture is shown over white where it is transparent. Anything
     that is not a readable image raises DatasetError in one line (``open_image``).
     """
+    return read_image(path, dataset, image_size)[0]
+
+
+def read_image(path, dataset, image_size):
+    """(batch, changes): ``load_image``'s batch, and what became of the picture on the
+    way, in words, for a person to check (``--predict`` prints them): the picture as
+    read ("640x480 RGB"), then each change made, as "read as gray", "inverted (dark
+    strokes on light paper)" or "resized to 28x28"."""
     info = dataset_info(dataset)
     channels = info.image_shape[0]
-    planes, alpha = _planes(open_image(path), channels, path)  # (h, w, C), (h, w) or None
+    image = open_image(path)
+    changes = [f"{image.width}x{image.height} {image.mode}"]
+    planes, alpha = _planes(image, channels, path)  # (h, w, C), (h, w) or None
+    changes += _conversion(image.mode, channels)
     if channels == 1:
         band = max(1, min(planes.shape[:2]) // image_size)  # about one output pixel
-        planes = _light_on_dark(planes[..., 0], alpha, band)[..., None]
+        gray, change = _light_on_dark(planes[..., 0], alpha, band)
+        planes = gray[..., None]
+        changes += [change] if change else []
     elif alpha is not None:
         planes = planes * alpha[..., None] + (1 - alpha[..., None])  # over white
+        changes += ["shown over white where transparent"] if (alpha < 1).any() else []
+    if image.size != (image_size, image_size):
+        changes.append(f"resized to {image_size}x{image_size}")
     pixels = _resize(planes, image_size).transpose(2, 0, 1)[None]  # (1, C, H, W)
-    return normalize(to_device(pixels), info.mean, info.std)  # (1, C, H, W)
+    return normalize(to_device(pixels), info.mean, info.std), changes
+
+
+def _conversion(mode, channels):
+    """What reading a picture of Pillow's ``mode`` into ``channels`` planes changes, in
+    words (a palette may hold colors: it is read as a color picture is)."""
+    gray = mode in GRAY_MODES
+    if channels == 1:
+        return [] if gray else ["read as gray"]
+    if gray:
+        return [f"gray in each of the {channels} channels"]
+    return [] if mode in ("RGB", "RGBA") else ["read as RGB"]
 
 
 def open_image(path):
@@ -130,7 +158,8 @@ def _scaled(values, mode):
 
 
 def _light_on_dark(gray, alpha, band):
-    """(h, w) in [0, 1], light strokes on a black background as in MNIST.
+    """(gray, change): (h, w) in [0, 1], light strokes on a black background as in
+    MNIST, and what was changed, in words (None: nothing).
 
     An opaque picture (no alpha, or the same alpha everywhere) whose outer ``band``
     of pixels is light on average (a dark digit on white paper) is inverted. Where
@@ -139,13 +168,17 @@ def _light_on_dark(gray, alpha, band):
     """
     if alpha is None or np.ptp(alpha) < 1 / 255:
         edges = (gray[:band], gray[-band:], gray[:, :band], gray[:, -band:])
-        light = np.mean([edge.mean() for edge in edges]) > 0.5
-        return 1 - gray if light else gray
-    return alpha * _alpha_ink(gray, alpha)
+        if np.mean([edge.mean() for edge in edges]) > 0.5:
+            return 1 - gray, "inverted (dark strokes on light paper)"
+        return gray, None
+    ink, dark = _alpha_ink(gray, alpha)
+    return alpha * ink, ("the transparent part made the black background, the visible "
+                         f"part the strokes{' (inverted: dark on light)' if dark else ''}")
 
 
 def _alpha_ink(gray, alpha):
-    """How much ink each visible pixel holds, in [0, 1], to be multiplied by its alpha.
+    """(ink, dark): how much ink each visible pixel holds, in [0, 1], to be multiplied
+    by its alpha, and whether that is 1 - gray (dark strokes on light paper).
 
     A soft alpha (at least ``SOFT`` of the visible pixels partly transparent: a
     drawing's antialiased strokes, whatever color they were given or blended
@@ -160,13 +193,14 @@ def _alpha_ink(gray, alpha):
     """
     visible = alpha > 0
     if np.mean(alpha[visible] < 1) >= SOFT:
-        return np.ones_like(gray)
+        return np.ones_like(gray), False
     opaque = alpha >= 0.5
     low, high = np.percentile(gray[opaque], [5, 95])
     if high - low < ONE_COLOR:
-        return np.ones_like(gray)
+        return np.ones_like(gray), False
     rim = gray[opaque & ~_interior(opaque)]
-    return 1 - gray if rim.mean() > gray[opaque].mean() else gray
+    dark = rim.mean() > gray[opaque].mean()
+    return (1 - gray if dark else gray), dark
 
 
 def _interior(mask):

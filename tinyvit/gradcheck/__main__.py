@@ -31,7 +31,8 @@ def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m tinyvit.gradcheck", description=__doc__.split(
         "\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--layer", nargs="+", action="extend", metavar="NAME",
-                   help=f"check these cases alone (several allowed; any case of letters): {', '.join(names)}")
+                   help="check these cases alone (several allowed; in any case of letters): "
+                        f"{', '.join(names)}")
     p.add_argument("--tier", choices=TIERS, default="both",
                    help="the reference layers, their fast kernels, or both (default)")
     p.add_argument("--backend", choices=backend.BACKENDS,

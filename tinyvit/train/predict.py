@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np  # host-side ranking only
 
 from ..backend import to_host
-from ..data import dataset_info, load_image
+from ..data import dataset_info, read_image
 from ..models import ViT, ViTConfig
 from ..nn.functional import softmax
 from ..weights import CheckpointError
@@ -62,8 +62,10 @@ def load_trained(path):
 
 
 def predict(model, config, path, top=3):
-    """The ``top`` most likely classes of an image file: [(class name, probability)]."""
-    image = load_image(path, config.dataset, config.image_size())  # (1, C, H, W)
+    """(classes, changes): the ``top`` most likely classes of an image file, [(class
+    name, probability)], and what became of the picture on the way to the model
+    (``read_image``'s changes: "inverted", "resized to 28x28", ...)."""
+    image, changes = read_image(path, config.dataset, config.image_size())  # (1, C, H, W)
     probs = to_host(softmax(model.eval().forward(image)))[0]  # (K,)
     classes = dataset_info(config.dataset).classes
-    return [(classes[i], float(probs[i])) for i in np.argsort(-probs)[:top]]
+    return [(classes[i], float(probs[i])) for i in np.argsort(-probs)[:top]], changes
