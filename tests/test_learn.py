@@ -131,6 +131,24 @@ def test_code_changed_since_it_passed_is_said_by_status_and_the_training(workboo
         f"check 1 {workbook})")
 
 
+def test_code_changed_since_it_failed_is_said_by_status(workbook, capsys):
+    ex = by_name("linear")
+    path = workbook / ex.filename
+    right = fill(path.read_text(), ex)
+    path.write_text(right.replace("self.bias.grad += self.column_sum(dout2)",
+                                  "self.bias.grad += dout2.mean(axis=0)"))
+    with pytest.raises(ExerciseFailed):
+        load_exercise(path).test_linear()
+    capsys.readouterr()
+    command.main(["status", str(workbook)])
+    assert capsys.readouterr().out.splitlines()[0] == (
+        f"  1  FAIL             {ex.filename:<26} {ex.title}")
+    path.write_text(right)  # fixed, not checked again
+    command.main(["status", str(workbook)])
+    assert capsys.readouterr().out.splitlines()[0] == (
+        f"  1  FAIL, changed    {ex.filename:<26} {ex.title}")
+
+
 def test_a_notebook_saved_with_its_blank_untouched_is_not_the_code_that_passed(workbook,
                                                                                capsys):
     """Saving the notebook (as Jupyter does after its cells run) leaves the answer in the

@@ -884,9 +884,9 @@ def test_a_backward_that_raises_is_reported_with_its_line_and_searched():
 def test_the_search_keeps_to_its_time_and_then_measures():
     with B.default_dtype("float64"):
         started = time.perf_counter()
-        report = gradient_check(NoisyTanh(), randn(2, 5, 8), repair=0.3)
-        spent = time.perf_counter() - started
-    assert report.fix is None and report.search.seconds < 0.5 and spent < 3
+        report = gradient_check(NoisyTanh(), randn(2, 5, 8), repair=1.5)  # of CPU time: all
+        spent = time.perf_counter() - started  # its edits take 0.2-0.5 s, by the processor
+    assert report.fix is None and report.search.seconds < 1.6 and spent < 10
     text = str(report)
     assert not report.search.ran_out  # every edit tried: no edit makes it right
     assert (f"none of the edits of one or two lines that the search tries makes every "

@@ -126,10 +126,11 @@ def _leaving_unused(found, tree):
     assigned = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)
                 and isinstance(n.ctx, ast.Store)}
     loads = _loads(tree)
+    replaced = _by_node(_loads)  # many edits replace the same node: read it once
     for edit in found:
         gone = collections.Counter()
         for old, new in zip(edit.old, edit.new):
-            gone.update(_loads(old))
+            gone.update(replaced(old))
             gone.subtract(_loads(new))
         if any(count > 0 and loads[name] - count <= 0 and name in assigned
                for name, count in gone.items()):
@@ -147,13 +148,25 @@ def _loads(value):
 
 def _once(found):
     """The edits that change what they replace, each change once (the cheapest)."""
-    kept = {}
+    kept, replaced = {}, _by_node(_text)
     for edit in sorted(found, key=lambda e: e.cost):
         new = tuple(_text(n) for n in edit.new)
-        if new == tuple(_text(o) for o in edit.old):
+        if new == tuple(replaced(o) for o in edit.old):
             continue  # no change (two equal items swapped, a bound moved onto itself)
         kept.setdefault((tuple((id(p), f, i) for p, f, i in edit.slots), new), edit)
     return list(kept.values())
+
+
+def _by_node(function):
+    """``function`` of a node, computed once per node (by identity) for the edits of one
+    call of ``edits``, which replace the same nodes many times over."""
+    results = {}
+
+    def once(node):
+        if id(node) not in results:
+            results[id(node)] = function(node)
+        return results[id(node)]
+    return once
 
 
 def _text(node):
@@ -1019,21 +1032,23 @@ def _taken_of(term, name, first=False):
     from ``average(g * xhat) / V``. With ``first``, where the term is a call of any
     function, the call with ``name`` as its first argument (or receiver):
     ``dx.reshape(*dout.shape[:-1], D)`` from ``dx2.reshape(...)``."""
-    made = copy.deepcopy(term)
-    call = made
-    if not first and isinstance(made, ast.BinOp) and isinstance(made.op, (ast.Mult, ast.Div)):
-        call = made.left
+    scaled = not first and isinstance(term, ast.BinOp) and isinstance(term.op, (ast.Mult,
+                                                                                 ast.Div))
+    call = term.left if scaled else term
     if not isinstance(call, ast.Call) or takes_cache(call):
         return None
-    argument = ast.Name(id=name, ctx=ast.Load())
     func = call.func
-    if isinstance(func, ast.Attribute) and (func.attr in ("sum", "mean") or first) and \
-            not _is_module(func.value):
-        call.func = ast.Attribute(value=argument, attr=func.attr, ctx=ast.Load())
-    elif call.args and (len(call.args) == 1 or first):
-        call.args = [argument, *call.args[1:]]
-    else:
+    on_receiver = isinstance(func, ast.Attribute) and (func.attr in ("sum", "mean") or first) \
+        and not _is_module(func.value)
+    if not on_receiver and not (call.args and (len(call.args) == 1 or first)):
         return None
+    made = copy.deepcopy(term)  # copied only now: most terms are no such call
+    call = made.left if scaled else made
+    argument = ast.Name(id=name, ctx=ast.Load())
+    if on_receiver:
+        call.func = ast.Attribute(value=argument, attr=func.attr, ctx=ast.Load())
+    else:
+        call.args = [argument, *call.args[1:]]
     return located(made, term)
 
 

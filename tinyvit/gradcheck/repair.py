@@ -48,6 +48,10 @@ from .source import NotEditable, Source
 from .trace import called, in_tinyvit, trace
 
 BUDGET = 2.0  # seconds of search for one backward
+# the search's clock: the CPU time of the thread that searches, which other work on the machine
+# does not take away, so that the same code gets the same answer on a busy machine as on an
+# idle one (where the machine is busy, the search takes longer to the eye)
+clock = time.thread_time
 # where a difference is within the numeric gradient's rounding, the two must still agree to this
 # (relative) to count as one: a gradient wrong by a factor, however small, is not passed on the
 # rounding's account
@@ -229,8 +233,8 @@ def search(probe, expected, tol, budget=None, own_only=False, reference=None, ve
     ``right_values``: {name: [arrays]} that a right version of the code held at its end on
     the same input (the workbook's: the library's); a statement that gives a name the value
     the right code's name of the same spelling has is right, whatever its text.
-    ``budget``: seconds, ``BUDGET`` by default. Returns a ``Search``."""
-    started = time.perf_counter()
+    ``budget``: seconds of ``clock``, ``BUDGET`` by default. Returns a ``Search``."""
+    started = clock()
     deadline = started + (BUDGET if budget is None else budget)
     if is_array(probe.dout):
         expected = {**expected, UPSTREAM: probe.dout}
@@ -241,7 +245,7 @@ def search(probe, expected, tol, budget=None, own_only=False, reference=None, ve
     baseline = None if isinstance(grads, Exception) else measure(grads, expected, noise)
     not_doubled = [] if baseline is None else probe.not_doubled(grads)
     if baseline is not None and baseline.passes(tol) and not not_doubled:
-        return Search(None, 0, time.perf_counter() - started, recorded, [])  # nothing wrong
+        return Search(None, 0, clock() - started, recorded, [])  # nothing wrong
     pending = {id(m) for m in probe.pending()}
     sources = [s for s in recorded.sources if s.code not in probe.forward_codes]
     if own_only:
@@ -266,11 +270,11 @@ def search(probe, expected, tol, budget=None, own_only=False, reference=None, ve
     kept = None  # a fix that rewrites a right statement
 
     def found(candidate):
-        return Search(Fix(candidate, tried, time.perf_counter() - started), tried,
-                      time.perf_counter() - started, recorded, sources)
+        return Search(Fix(candidate, tried, clock() - started), tried,
+                      clock() - started, recorded, sources)
 
     for edit in proposed:
-        if time.perf_counter() > deadline:
+        if clock() > deadline:
             break
         tried += 1
         outcome = runner.outcome([edit])
@@ -284,10 +288,10 @@ def search(probe, expected, tol, budget=None, own_only=False, reference=None, ve
         if baseline is None or outcome.distance < baseline.distance - CLOSER:
             promising.append((outcome.distance, edit))  # closer, or runs where it raised
     promising = [e for _, e in sorted(promising, key=lambda item: (item[0], item[1].cost))]
-    time_left = time.perf_counter() < deadline  # and so every single edit was tried
+    time_left = clock() < deadline  # and so every single edit was tried
     pairs = _pairs(promising[:MOST_PROMISING], singles) if time_left else []
     for first, second in pairs:
-        if time.perf_counter() > deadline:
+        if clock() > deadline:
             break
         right_rewritten = rewrites_right(first) or rewrites_right(second)
         if kept and right_rewritten:
@@ -300,8 +304,8 @@ def search(probe, expected, tol, budget=None, own_only=False, reference=None, ve
             kept = [first, second]  # as a single edit of a right statement is: look on
     if kept:
         return found(kept)
-    return Search(None, tried, time.perf_counter() - started, recorded, sources,
-                  ran_out=time.perf_counter() > deadline)
+    return Search(None, tried, clock() - started, recorded, sources,
+                  ran_out=clock() > deadline)
 
 
 def _assigned_once(recorded, sources):

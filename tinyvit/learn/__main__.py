@@ -20,7 +20,7 @@ from .exercises import EXERCISES, TRAINING, by_number
 from .hints import next_hint
 from .notebook import write_notebooks
 from .solution import solution
-from .training import changed_since_passing
+from .training import changed_since_checked
 from .workbook import TRAINING_FILE, start
 
 RAN = ("pass", "fail")  # an attempt that ran: the blank was written
@@ -89,9 +89,9 @@ def status(folder, _):
     marks = {"pass": "PASS", "fail": "FAIL", "blank": "not written", None: "not checked yet"}
     for number, filename, title in sorted(rows):
         mark = marks[results.get(number)]
-        if mark == "PASS" and number != TRAINING and changed_since_passing(
+        if mark in ("PASS", "FAIL") and number != TRAINING and changed_since_checked(
                 folder, by_number(number), progress):
-            mark = "PASS, changed"  # since its check: check it again
+            mark += ", changed"  # since its check: check it again
         print(f"{number:>3}  {mark:<16} {filename:<26} {title}")
     passed = sum(result == "pass" for result in results.values())
     print(f"{passed} of {len(rows)} passed")

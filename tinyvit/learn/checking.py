@@ -66,7 +66,7 @@ from .exercises import EXERCISES, by_name, derivation
 TOL = 1e-7  # the gradient check's bar (the library's backward agrees to about 1e-9)
 SAME = 1e-10  # yours and the library's agree to this, relative: rounding, in float64
 PROGRESS = ".learn-progress.json"  # in the workbook's folder
-CHECKED = ".learn-checked.json"  # beside it: a digest of each passing code
+CHECKED = ".learn-checked.json"  # beside it: a digest of the code each check last read
 MARKER = "learn.json"  # what makes a folder a workbook
 HINT_COMMAND = "python -m tinyvit.learn hint"  # where a failure sends the learner for a hint
 
@@ -99,7 +99,7 @@ def check(yours, exercise=None):
         progress.record(ex.number, "blank")
         raise
     except ExerciseFailed as failure:
-        progress.record(ex.number, "fail")
+        progress.record(ex.number, "fail", fingerprint(ex, yours))
         _draw_difference(failure, ex, progress.folder)
         raise
     progress.record(ex.number, "pass", fingerprint(ex, yours))
@@ -857,17 +857,17 @@ class Progress:
         return {int(k): v for k, v in json.loads(path.read_text()).items()}
 
     def record(self, number, result, code=None):
-        """``result`` of exercise ``number``; ``code``, where it passed, the digest of the
-        code that passed (``fingerprint``)."""
+        """``result`` of exercise ``number``; ``code``, where it passed or failed, the
+        digest of the code checked (``fingerprint``)."""
         if self.folder is None:
             return
         results = {**self.read(), number: result}
         (self.folder / PROGRESS).write_text(json.dumps(results, indent=1, sort_keys=True))
-        digests = {**self.passed_code(), number: code if result == "pass" else None}
+        digests = {**self.checked_code(), number: code}
         (self.folder / CHECKED).write_text(json.dumps(digests, indent=1, sort_keys=True))
 
-    def passed_code(self):
-        """{number: the digest of the code that passed, or None}."""
+    def checked_code(self):
+        """{number: the digest of the code its last check passed or failed, or None}."""
         path = self.folder / CHECKED
         if not path.is_file():
             return {}

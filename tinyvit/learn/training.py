@@ -50,7 +50,7 @@ def check_training(folder):
     __tracebackhide__ = True  # pytest shows the paragraph, not these frames
     progress = Progress(folder)
     passed = [n for n in NEEDED if progress.read().get(n) == "pass"]
-    changed = [n for n in passed if changed_since_passing(folder, by_number(n), progress)]
+    changed = [n for n in passed if changed_since_checked(folder, by_number(n), progress)]
     if changed:
         numbers = ", ".join(str(n) for n in changed)
         raise ExerciseFailed(f"exercise {TRAINING} trains on your layers that passed their "
@@ -150,17 +150,18 @@ def _learners_classes(folder, passed):
     return yours, ", ".join(names)
 
 
-def changed_since_passing(folder, ex, progress):
-    """Whether exercise ``ex`` passed its check with other code than its file (or its
-    notebook, where that was written last) holds now; False where no digest was kept."""
-    passed = progress.passed_code().get(ex.number)
-    if passed is None:
+def changed_since_checked(folder, ex, progress):
+    """Whether exercise ``ex``'s last check (passed or failed) read other code than its
+    file (or its notebook, where that was written last) holds now; False where no digest
+    was kept."""
+    checked = progress.checked_code().get(ex.number)
+    if checked is None:
         return False
     try:
         now = fingerprint(ex, getattr(written(folder, ex), ex.yours))
     except Exception:  # it no longer runs, or lost its class: changed
         return True
-    return now != passed
+    return now != checked
 
 
 def written(folder, ex):
