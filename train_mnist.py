@@ -172,7 +172,8 @@ def make_parser():
     g.add_argument("--resume", metavar="CKPT_OR_DIR", help="continue a run from its last.npz")
     g.add_argument("--eval", metavar="CKPT", help="evaluate a checkpoint on the test set")
     g.add_argument("--predict", metavar="IMAGE", help="print the top-3 classes of an image file")
-    g.add_argument("--checkpoint", metavar="CKPT", help="checkpoint for --predict")
+    g.add_argument("--checkpoint", metavar="CKPT",
+                   help="checkpoint (or run folder: its best.npz) for --predict")
     g.add_argument("--train-subset", type=int,
                    help="train on the first N images only (0: all of them)")
     g.add_argument("--test-subset", type=int,
@@ -262,7 +263,7 @@ def run(args, mode, config):
         model, config = load_trained(args.checkpoint)
         classes, changes = predict(model, config, args.predict)
         print(f"{args.predict} ({', '.join(changes)}), the top {len(classes)} classes of "
-              f"{config.dataset} by {trained_path(args.checkpoint)}:")
+              f"{config.dataset} according to {trained_path(args.checkpoint)}:")
         for name, prob in classes:
             print(f"  {name}: {prob:.4f}")
     elif mode == "eval":

@@ -111,7 +111,7 @@ def test_fine_tuning_at_a_higher_resolution_trains_and_is_recorded(stripes, pret
     assert meta["init"][0] == f"{pretrained_run / 'best.npz'}: tinyvit training checkpoint"
     Image.fromarray(stripe_images([4], seed=5)[0]).save(tmp_path / "four.png")
     top, changes = predict(model, config, tmp_path / "four.png")
-    assert changes == ["28x28 L", "resized to 42x42"]
+    assert changes == ["28x28 gray", "resized to 42x42"]
     assert top[0][0] == "4" and len(top) == 3
     assert top[0][1] >= top[1][1] >= top[2][1]
 

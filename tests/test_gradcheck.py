@@ -74,6 +74,14 @@ def test_layer_and_tier_choose_what_runs(monkeypatch, capsys):
     assert out[-1] == "1 of 1 tensors passed (all within 1e-07)"
 
 
+def test_a_layers_name_selects_each_of_its_cases():
+    names = ["Linear", "Conv2d 3x3 s2 p1", "Conv2d WS", "GELU", "GELU tanh"]
+    assert command.selected("conv2d", names) == ["Conv2d 3x3 s2 p1", "Conv2d WS"]
+    assert command.selected("GELU", names) == ["GELU"]  # the case of that name alone
+    assert command.selected("gelu TANH", names) == ["GELU tanh"]
+    assert command.selected("Conv", names) == []
+
+
 def test_an_unknown_layer_is_named(capsys):
     with pytest.raises(SystemExit):
         command.main(["--layer", "Linear", "Transformer"])

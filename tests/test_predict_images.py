@@ -189,7 +189,8 @@ def test_the_command_line_predicts_every_form_alike_and_refuses_a_folder(
     checkpoint = str(tmp_path / "run" / "best.npz")
     three = stripe_images([3], seed=5)[0]  # light stripes on dark noise
     Image.fromarray(three).save(tmp_path / "three.png")
-    Image.fromarray((255 - three).astype(np.uint16) * 257).save(tmp_path / "three16.png")
+    # (an inverted picture is read on the paper it has: test_dark_strokes_on_gray_paper_...)
+    Image.fromarray(three.astype(np.uint16) * 257).save(tmp_path / "three16.png")
     Image.fromarray(rgba(0, three)).save(tmp_path / "three_rgba.png")
     capsys.readouterr()
     answers, headers = [], []
@@ -200,9 +201,10 @@ def test_the_command_line_predicts_every_form_alike_and_refuses_a_folder(
         headers.append(header.removeprefix(f"{tmp_path / name} (").split("), the top")[0])
         lines = [line.strip().split(": ") for line in said]
         answers.append(([k for k, _ in lines], [float(p) for _, p in lines]))
-    assert headers == ["28x28 L", "28x28 I;16, inverted (dark strokes on light paper)",
-                       "28x28 RGBA, read as gray, the transparent part made the black "
-                       "background, the visible part the strokes"]
+    assert headers[0] == "28x28 gray"
+    assert headers[1] == "28x28 16-bit gray"
+    assert headers[2] == ("28x28 RGBA, read as gray, the transparent part became the black "
+                          "background, the visible part the strokes")
     for classes, probabilities in answers[1:]:
         assert classes[0] == answers[0][0][0] == "3"
         np.testing.assert_allclose(probabilities, answers[0][1], atol=2e-4)
@@ -213,11 +215,13 @@ def test_the_command_line_predicts_every_form_alike_and_refuses_a_folder(
 
 
 @pytest.mark.parametrize("dataset, picture, changes", [
-    ("mnist", Image.new("L", (28, 28)), ["28x28 L"]),
+    ("mnist", Image.new("L", (28, 28)), ["28x28 gray", "blank: no strokes for the model to see"]),
     ("mnist", Image.new("RGB", (56, 40), "white"),
-     ["56x40 RGB", "read as gray", "inverted (dark strokes on light paper)", "resized to 28x28"]),
-    ("cifar10", Image.new("L", (64, 48)), ["64x48 L", "gray in each of the 3 channels",
-                                          "resized to 32x32"]),
+     ["56x40 RGB", "read as gray", "inverted to light strokes on black (it had dark strokes on "
+      "light paper, 1.00 of white)", "blank: no strokes for the model to see",
+      "padded with black to 56x56", "resized to 28x28"]),
+    ("cifar10", Image.new("L", (64, 48)), ["64x48 gray", "gray in each of the 3 channels",
+                                          "cropped to its centre 48x48", "resized to 32x32"]),
     ("cifar10", Image.new("CMYK", (32, 32)), ["32x32 CMYK", "read as RGB"]),
     ("cifar10", Image.new("RGBA", (32, 32), (9, 9, 9, 255)), ["32x32 RGBA"]),
     ("cifar10", Image.new("RGBA", (32, 32), (9, 9, 9, 128)),
@@ -229,3 +233,51 @@ def test_read_image_says_what_became_of_the_picture(tmp_path, dataset, picture, 
     batch, said = read_image(path, dataset, dataset_info(dataset).image_shape[1])
     assert said == changes
     assert np.array_equal(B.to_host(batch), B.to_host(load_image(path, dataset, batch.shape[-1])))
+
+
+def strokes(height=28, width=28):
+    """(h, w) 0/1: two bars, the strokes of a picture."""
+    s = np.zeros((height, width), np.uint8)
+    s[4:24, 12:15] = s[10:13, 6:22] = 1
+    return s
+
+
+def test_dark_strokes_on_gray_paper_framed_in_black_read_as_on_black(tmp_path):
+    """A photo's paper is not white, and a scan's edge may be dark: the paper (most of the
+    picture) is taken to black, the darkest ink to white."""
+    s = strokes(40, 40)
+    on_black = Image.fromarray(s * 255)
+    paper = Image.fromarray((217 * (1 - s)).astype(np.uint8))  # 0.85 of white, black ink
+    framed = np.asarray(paper).copy()
+    framed[:3], framed[-3:], framed[:, :3], framed[:, -3:] = 20, 20, 20, 20
+    for name, picture in (("black.png", on_black), ("paper.png", paper),
+                          ("framed.png", Image.fromarray(framed))):
+        picture.save(tmp_path / name)
+    black, _ = read_image(tmp_path / "black.png", "mnist", 28)
+    gray, said = read_image(tmp_path / "paper.png", "mnist", 28)
+    assert said == ["40x40 gray", "inverted to light strokes on black (it had dark strokes on "
+                    "light paper, 0.85 of white)", "resized to 28x28"]
+    np.testing.assert_allclose(B.to_host(gray), B.to_host(black), atol=1e-6)
+    frame, said = read_image(tmp_path / "framed.png", "mnist", 28)
+    assert said[1].startswith("inverted to light strokes on black")
+    assert np.array_equal(B.to_host(frame)[..., 6:22, 6:22], B.to_host(gray)[..., 6:22, 6:22])
+
+
+def test_faint_strokes_are_stretched_and_a_wide_picture_padded(tmp_path):
+    """12-bit values in a 16-bit file reach 4095 of 65535: the strokes are stretched to
+    white; a picture wider than high gets black margins above and below, not squashed."""
+    s = strokes()
+    Image.fromarray(s.astype(np.uint16) * 4095).save(tmp_path / "twelve.png")
+    Image.fromarray(s * 255).save(tmp_path / "full.png")
+    faint, said = read_image(tmp_path / "twelve.png", "mnist", 28)
+    assert said == ["28x28 16-bit gray", "its strokes, only 0.06 of white at most, stretched "
+                    "to white"]
+    assert np.array_equal(B.to_host(faint), B.to_host(load_image(tmp_path / "full.png", "mnist",
+                                                                   28)))
+    wide = np.zeros((28, 56), np.uint8)
+    wide[:, 14:42] = s * 255
+    Image.fromarray(wide).save(tmp_path / "wide.png")
+    padded, said = read_image(tmp_path / "wide.png", "mnist", 28)
+    assert said == ["56x28 gray", "padded with black to 56x56", "resized to 28x28"]
+    rows = B.to_host(padded)[0, 0].max(axis=1)
+    assert (rows[:7] == rows.min()).all() and (rows[-7:] == rows.min()).all()  # black margins

@@ -205,9 +205,10 @@ def test_cli_trains_evaluates_and_predicts(stripes, tmp_path, capsys):
         assert train_mnist.main(["--predict", str(picture),
                                  "--checkpoint", str(out / "best.npz")]) == 0
         header, *lines = capsys.readouterr().out.splitlines()
-        inversion = ", inverted (dark strokes on light paper)" if inverted else ""
+        inversion = (", inverted to light strokes on black (it had dark strokes on light "
+                     "paper, 0.87 of white)") if inverted else ""
         assert header == (f"{picture} (112x112 RGB, read as gray{inversion}, resized to "
-                          f"28x28), the top 3 classes of mnist by {out / 'best.npz'}:")
+                          f"28x28), the top 3 classes of mnist according to {out / 'best.npz'}:")
         assert len(lines) == 3
         assert lines[0].startswith("  3: ")
         probabilities = [float(line.split(": ")[1]) for line in lines]

@@ -21,6 +21,10 @@ from .datasets import DatasetError, dataset_info
 EXPECTED = "expected an image file (PNG, JPEG, BMP, GIF, TIFF, WebP, ...)"
 SIXTEEN_BIT = ("I;16", "I;16B", "I;16L", "I;16N")
 GRAY_MODES = ("1", "L", "LA", "I", "F", *SIXTEEN_BIT)  # Pillow's modes of one gray plane
+MODE_WORDS = {"1": "1-bit", "L": "gray", "LA": "gray with alpha", "P": "palette",
+              "PA": "palette with alpha", "I": "32-bit gray", "F": "float gray",
+              **{mode: "16-bit gray" for mode in SIXTEEN_BIT}}  # RGB, CMYK, ...: Pillow's names
+FAINT = 0.5  # strokes whose lightest pixel is below this (of white) are stretched to white
 # the ranges an integer ("I") or float ("F") picture is read in: the smallest that holds
 # its values (a 16-bit PNG read as "I" is 0..65535, a float picture usually 0..1)
 RANGES = {"I": (255, 65535), "F": (1, 255, 65535)}
@@ -45,23 +49,25 @@ def load_image(path, dataset, image_size):
 def read_image(path, dataset, image_size):
     """(batch, changes): ``load_image``'s batch, and what became of the picture on the
     way, in words, for a person to check (``--predict`` prints them): the picture as
-    read ("640x480 RGB"), then each change made, as "read as gray", "inverted (dark
-    strokes on light paper)" or "resized to 28x28"."""
+    read ("640x480 RGB"), then each change made, as "read as gray", "inverted to light
+    strokes on black ...", "padded with black to a square" or "resized to 28x28"."""
     info = dataset_info(dataset)
     channels = info.image_shape[0]
     image = open_image(path)
-    changes = [f"{image.width}x{image.height} {image.mode}"]
+    changes = [f"{image.width}x{image.height} {MODE_WORDS.get(image.mode, image.mode)}"]
     planes, alpha = _planes(image, channels, path)  # (h, w, C), (h, w) or None
     changes += _conversion(image.mode, channels)
     if channels == 1:
-        band = max(1, min(planes.shape[:2]) // image_size)  # about one output pixel
-        gray, change = _light_on_dark(planes[..., 0], alpha, band)
+        gray, made = _light_on_dark(planes[..., 0], alpha)
+        gray, stretched = _stretched(gray)
         planes = gray[..., None]
-        changes += [change] if change else []
+        changes += [change for change in (made, stretched) if change]
     elif alpha is not None:
         planes = planes * alpha[..., None] + (1 - alpha[..., None])  # over white
         changes += ["shown over white where transparent"] if (alpha < 1).any() else []
-    if image.size != (image_size, image_size):
+    planes, squared = _squared(planes)
+    changes += [squared] if squared else []
+    if planes.shape[:2] != (image_size, image_size):
         changes.append(f"resized to {image_size}x{image_size}")
     pixels = _resize(planes, image_size).transpose(2, 0, 1)[None]  # (1, C, H, W)
     return normalize(to_device(pixels), info.mean, info.std), changes
@@ -157,23 +163,57 @@ def _scaled(values, mode):
     return (values / scale).astype(np.float32)
 
 
-def _light_on_dark(gray, alpha, band):
+def _light_on_dark(gray, alpha):
     """(gray, change): (h, w) in [0, 1], light strokes on a black background as in
     MNIST, and what was changed, in words (None: nothing).
 
-    An opaque picture (no alpha, or the same alpha everywhere) whose outer ``band``
-    of pixels is light on average (a dark digit on white paper) is inverted. Where
-    the alpha varies the transparent part is the background, and a visible pixel
-    is ink in proportion to its alpha (``_alpha_ink``).
+    In an opaque picture (no alpha, or the same alpha everywhere) most pixels are its
+    background: their median is its level. A light one (a dark digit on paper, photographed
+    or scanned, a dark frame or table edge around it or not) is inverted, the paper's level
+    taken to black and the darkest ink to white: ``(paper - gray) / paper``, ``1 - gray``
+    on white paper. Where the alpha varies the transparent part is the background, and a
+    visible pixel is ink in proportion to its alpha (``_alpha_ink``).
     """
     if alpha is None or np.ptp(alpha) < 1 / 255:
-        edges = (gray[:band], gray[-band:], gray[:, :band], gray[:, -band:])
-        if np.mean([edge.mean() for edge in edges]) > 0.5:
-            return 1 - gray, "inverted (dark strokes on light paper)"
-        return gray, None
+        paper = float(np.median(gray))
+        if paper <= 0.5:
+            return gray, None
+        return np.clip((paper - gray) / paper, 0, 1), (
+            f"inverted to light strokes on black (it had dark strokes on light paper, "
+            f"{paper:.2f} of white)")
     ink, dark = _alpha_ink(gray, alpha)
-    return alpha * ink, ("the transparent part made the black background, the visible "
+    return alpha * ink, ("the transparent part became the black background, the visible "
                          f"part the strokes{' (inverted: dark on light)' if dark else ''}")
+
+
+def _stretched(gray):
+    """(gray, change): light strokes on black whose lightest pixel is under ``FAINT`` of
+    white (a 12-bit scan in a 16-bit file, a faint pencil) stretched to reach white; a
+    picture with no strokes at all said to be blank."""
+    top = float(gray.max())
+    if top == 0:
+        return gray, "blank: no strokes for the model to see"
+    if top >= FAINT:
+        return gray, None
+    return gray / top, f"its strokes, only {top:.2f} of white at most, stretched to white"
+
+
+def _squared(planes):
+    """(planes, change): a picture that is not square made so, as the datasets' are: one
+    plane (strokes on black) padded with black around it, as MNIST centres a digit;
+    colors cropped to their centre square, as a photo is for a classifier."""
+    h, w, channels = planes.shape
+    if h == w:
+        return planes, None
+    if channels == 1:
+        side = max(h, w)
+        square = np.zeros((side, side, 1), dtype=planes.dtype)
+        top, left = (side - h) // 2, (side - w) // 2
+        square[top:top + h, left:left + w] = planes
+        return square, f"padded with black to {side}x{side}"
+    side = min(h, w)
+    top, left = (h - side) // 2, (w - side) // 2
+    return planes[top:top + side, left:left + side], f"cropped to its centre {side}x{side}"
 
 
 def _alpha_ink(gray, alpha):

@@ -31,8 +31,9 @@ def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m tinyvit.gradcheck", description=__doc__.split(
         "\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--layer", nargs="+", action="extend", metavar="NAME",
-                   help="check these cases alone (several allowed; in any case of letters): "
-                        f"{', '.join(names)}")
+                   help="check these cases alone (several allowed; in any case of letters; "
+                        "quote a name with spaces; a layer's name, Conv2d, selects each of "
+                        f"its cases): {', '.join(names)}")
     p.add_argument("--tier", choices=TIERS, default="both",
                    help="the reference layers, their fast kernels, or both (default)")
     p.add_argument("--backend", choices=backend.BACKENDS,
@@ -43,12 +44,20 @@ def parse_args(argv):
         args.backend = args.backend or backend.environment_backend()
     except ValueError as error:  # TINYVIT_BACKEND's value
         p.error(str(error))
-    spelled = {name.lower(): name for name in names}  # --layer linear names Linear
-    args.layer = [spelled.get(name.lower(), name) for name in args.layer or ()]
-    unknown = [name for name in args.layer if name not in names]
+    chosen = {given: selected(given, names) for given in args.layer or ()}
+    unknown = [given for given, found in chosen.items() if not found]
     if unknown:
         p.error(f"no case named {', '.join(unknown)}; the cases: {', '.join(names)}")
+    args.layer = [name for found in chosen.values() for name in found]
     return args
+
+
+def selected(given, names):
+    """The cases ``--layer given`` names, in any case of letters: the one of that name, or
+    else each whose name is it and more words (Conv2d: "Conv2d 3x3 s2 p1", "Conv2d WS")."""
+    given = given.lower()
+    same = [name for name in names if name.lower() == given]
+    return same or [name for name in names if name.lower().startswith(given + " ")]
 
 
 def check(name, tier, case):
