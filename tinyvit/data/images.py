@@ -39,9 +39,11 @@ def load_image(path, dataset, image_size):
 
     The pixels are read in [0, 1] by their mode's range (``_planes``). MNIST-style
     data (one channel) is light strokes on black: ``_light_on_dark`` turns a dark
-    digit on white paper, or a drawing on a transparent background, into that.
-    A color dataset's picture is shown over white where it is transparent. Anything
-    that is not a readable image raises DatasetError in one line (``open_image``).
+    digit on paper, or a drawing on a transparent background, into that, and
+    ``_stretched`` faint strokes to white. A color dataset's picture is shown over white
+    where it is transparent. A picture that is not square is made so (``_squared``)
+    before it is resized. Anything that is not a readable image raises DatasetError in
+    one line (``open_image``).
     """
     return read_image(path, dataset, image_size)[0]
 
@@ -50,7 +52,7 @@ def read_image(path, dataset, image_size):
     """(batch, changes): ``load_image``'s batch, and what became of the picture on the
     way, in words, for a person to check (``--predict`` prints them): the picture as
     read ("640x480 RGB"), then each change made, as "read as gray", "inverted to light
-    strokes on black ...", "padded with black to a square" or "resized to 28x28"."""
+    strokes on black ...", "padded with black to 56x56" or "resized to 28x28"."""
     info = dataset_info(dataset)
     channels = info.image_shape[0]
     image = open_image(path)
