@@ -94,10 +94,11 @@ def edits(source, scope, lines=None, holders=None):
     kept, shared by the calls that propose one function's edits in parts (so that two edits
     of one list, proposed by two calls, know they clash)."""
     found, holders = [], {} if holders is None else holders
+    shared = _Shared(source)
     for statement, body, index in statements(source.tree.body):
         if lines is not None and statement.lineno not in lines:
             continue
-        propose = _Proposer(source, scope, statement, found, holders)
+        propose = _Proposer(source, scope, statement, found, holders, shared)
         propose.whole(body, index)
         for node, slot in expressions(statement):
             propose.expression(node, slot)
@@ -176,12 +177,30 @@ def _text(node):
     return ast.unparse(node) if isinstance(node, ast.AST) else repr(node)
 
 
+class _Shared:
+    """What the proposers of one ``edits`` call would each compute alike, computed once:
+    the function's own terms, a term taken of a name (``_taken_of``), a node's text."""
+
+    def __init__(self, source):
+        self.source, self.taken = source, {}
+        self.text = _by_node(ast.unparse)
+
+    @functools.cached_property
+    def own_terms(self):
+        return [n for _, n in term_nodes(self.source.tree) if _is_term(n)]
+
+    def taken_of(self, term, name):
+        if (id(term), name) not in self.taken:
+            self.taken[id(term), name] = _taken_of(term, name)
+        return self.taken[id(term), name]
+
+
 class _Proposer:
     """The rules applied to one statement and its expressions, appending to ``found``."""
 
-    def __init__(self, source, scope, statement, found, holders):
+    def __init__(self, source, scope, statement, found, holders, shared):
         self.source, self.scope, self.statement, self.found = source, scope, statement, found
-        self.holders = holders
+        self.holders, self.shared = holders, shared
         self.me = scope.me  # the name of the layer it is a method of: self, by custom
         self.line = statement.lineno
 
@@ -929,12 +948,13 @@ class _Proposer:
         seen, found = set(), []
         arrays = list(self.scope.arrays(self.line))
         candidates = [name_node(n, self.statement) for n in arrays]
-        own = [n for _, n in term_nodes(self.source.tree) if _is_term(n)]
-        candidates += own + list(self.scope.sums)
-        for term in own + list(self.scope.sums):
-            candidates += [t for t in (_taken_of(term, name) for name in arrays) if t is not None]
+        terms = self.shared.own_terms + list(self.scope.sums)
+        candidates += terms
+        for term in terms:
+            candidates += [t for t in (self.shared.taken_of(term, name) for name in arrays)
+                           if t is not None]
         for term in candidates:
-            text = ast.unparse(term)
+            text = self.shared.text(term)
             if text not in seen and self.known(term):
                 seen.add(text)
                 found.append(term)
