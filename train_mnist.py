@@ -171,7 +171,8 @@ def make_parser():
     g = p.add_argument_group("other modes")
     g.add_argument("--resume", metavar="CKPT_OR_DIR", help="continue a run from its last.npz")
     g.add_argument("--eval", metavar="CKPT", help="evaluate a checkpoint on the test set")
-    g.add_argument("--predict", metavar="IMAGE", help="print the top-3 classes of an image file")
+    g.add_argument("--predict", metavar="IMAGE", nargs="+",
+                   help="print the top-3 classes of each image file (several allowed)")
     g.add_argument("--checkpoint", metavar="CKPT",
                    help="checkpoint (or run folder: its best.npz) for --predict")
     g.add_argument("--train-subset", type=int,
@@ -261,11 +262,12 @@ def run(args, mode, config):
         set_backend(args.backend or environment_backend())
     if mode == "predict":
         model, config = load_trained(args.checkpoint)
-        classes, changes = predict(model, config, args.predict)
-        print(f"{args.predict} ({', '.join(changes)}), the top {len(classes)} classes of "
-              f"{config.dataset} according to {trained_path(args.checkpoint)}:")
-        for name, prob in classes:
-            print(f"  {name}: {prob:.4f}")
+        for image in args.predict:
+            classes, changes = predict(model, config, image)
+            print(f"{image} ({', '.join(changes)}), the top {len(classes)} classes of "
+                  f"{config.dataset} according to {trained_path(args.checkpoint)}:")
+            for name, prob in classes:
+                print(f"  {name}: {prob:.4f}")
     elif mode == "eval":
         model, config = load_trained(args.eval)
         try:  # the flags checked as a run's

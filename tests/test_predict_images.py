@@ -208,6 +208,10 @@ def test_the_command_line_predicts_every_form_alike_and_refuses_a_folder(
     for classes, probabilities in answers[1:]:
         assert classes[0] == answers[0][0][0] == "3"
         np.testing.assert_allclose(probabilities, answers[0][1], atol=2e-4)
+    names = [str(tmp_path / name) for name in ("three.png", "three16.png")]
+    assert train_mnist.main(["--predict", *names, "--checkpoint", checkpoint]) == 0
+    said = capsys.readouterr().out.splitlines()  # a header and 3 classes per image
+    assert [line.split(" (")[0] for line in said[::4]] == names and len(said) == 8
     assert train_mnist.main(["--predict", str(tmp_path), "--checkpoint", checkpoint]) == 1
     assert capsys.readouterr().err == (f"train_mnist.py: error: cannot read image {tmp_path}: "
                                        "it is a directory, expected an image file (PNG, JPEG, "
