@@ -160,13 +160,14 @@ def _once(found):
 
 def _by_node(function):
     """``function`` of a node, computed once per node (by identity) for the edits of one
-    call of ``edits``, which replace the same nodes many times over."""
+    call of ``edits``, which read the same nodes many times over. Each node is held with
+    its result, so that no other node takes its id while the results are kept."""
     results = {}
 
     def once(node):
         if id(node) not in results:
-            results[id(node)] = function(node)
-        return results[id(node)]
+            results[id(node)] = node, function(node)
+        return results[id(node)][1]
     return once
 
 
@@ -190,9 +191,9 @@ class _Shared:
         return [n for _, n in term_nodes(self.source.tree) if _is_term(n)]
 
     def taken_of(self, term, name):
-        if (id(term), name) not in self.taken:
-            self.taken[id(term), name] = _taken_of(term, name)
-        return self.taken[id(term), name]
+        if (id(term), name) not in self.taken:  # term: held, as _by_node holds its nodes
+            self.taken[id(term), name] = term, _taken_of(term, name)
+        return self.taken[id(term), name][1]
 
 
 class _Proposer:
