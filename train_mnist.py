@@ -24,7 +24,7 @@ import warnings
 from tinyvit import cli
 from tinyvit.allocator import keep_freed_memory
 from tinyvit.backend import BackendError, environment_backend, set_backend
-from tinyvit.data import DatasetError
+from tinyvit.data import DatasetError, read_image
 from tinyvit.fast import check_environment
 from tinyvit.files import NoSpaceError
 from tinyvit.train import (
@@ -35,13 +35,12 @@ from tinyvit.train import (
     fit,
     load_trained,
     make_batches,
-    predict,
 )
 from tinyvit.train.distributed import LaunchError, StopRequested, communicator, launched
 from tinyvit.train.lock import FolderInUse
 from tinyvit.train.loop import resume_path
 from tinyvit.train.parallel import MAX_AUTO_WORKERS, WorkerDied, auto_workers
-from tinyvit.train.predict import trained_path
+from tinyvit.train.predict import classify, trained_path
 from tinyvit.train.signals import Stopped
 from tinyvit.weights import CheckpointError, PretrainedError
 
@@ -262,9 +261,12 @@ def run(args, mode, config):
         set_backend(args.backend or environment_backend())
     if mode == "predict":
         model, config = load_trained(args.checkpoint)
-        for image in args.predict:
-            classes, changes = predict(model, config, image)
-            print(f"{image} ({', '.join(changes)}), the top {len(classes)} classes of "
+        # every file read before any is answered: a bad one stops the command at once
+        pictures = [read_image(path, config.dataset, config.image_size())
+                    for path in args.predict]
+        for path, (image, changes) in zip(args.predict, pictures, strict=True):
+            classes = classify(model, config, image)
+            print(f"{path} ({', '.join(changes)}), the top {len(classes)} classes of "
                   f"{config.dataset} according to {trained_path(args.checkpoint)}:")
             for name, prob in classes:
                 print(f"  {name}: {prob:.4f}")

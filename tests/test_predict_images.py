@@ -212,6 +212,9 @@ def test_the_command_line_predicts_every_form_alike_and_refuses_a_folder(
     assert train_mnist.main(["--predict", *names, "--checkpoint", checkpoint]) == 0
     said = capsys.readouterr().out.splitlines()  # a header and 3 classes per image
     assert [line.split(" (")[0] for line in said[::4]] == names and len(said) == 8
+    assert train_mnist.main(["--predict", names[0], str(tmp_path / "none.png"),
+                             "--checkpoint", checkpoint]) == 1
+    assert capsys.readouterr().out == ""  # every file is read before any is answered
     assert train_mnist.main(["--predict", str(tmp_path), "--checkpoint", checkpoint]) == 1
     assert capsys.readouterr().err == (f"train_mnist.py: error: cannot read image {tmp_path}: "
                                        "it is a directory, expected an image file (PNG, JPEG, "
@@ -221,9 +224,10 @@ def test_the_command_line_predicts_every_form_alike_and_refuses_a_folder(
 @pytest.mark.parametrize("dataset, picture, changes", [
     ("mnist", Image.new("L", (28, 28)), ["28x28 gray", "blank: no strokes for the model to see"]),
     ("mnist", Image.new("RGB", (56, 40), "white"),
-     ["56x40 RGB", "read as gray", "inverted to light strokes on black (it had dark strokes on "
-      "light paper, 1.00 of white)", "blank: no strokes for the model to see",
+     ["56x40 RGB", "read as gray", "blank: no strokes for the model to see",
       "padded with black to 56x56", "resized to 28x28"]),
+    ("mnist", Image.new("L", (28, 28), 128), ["28x28 gray", "blank: no strokes for the model "
+                                                          "to see"]),
     ("cifar10", Image.new("L", (64, 48)), ["64x48 gray", "gray in each of the 3 channels",
                                           "cropped to its centre 48x48", "resized to 32x32"]),
     ("cifar10", Image.new("CMYK", (32, 32)), ["32x32 CMYK", "read as RGB"]),

@@ -178,7 +178,7 @@ def _light_on_dark(gray, alpha):
     """
     if alpha is None or np.ptp(alpha) < 1 / 255:
         paper = float(np.median(gray))
-        if paper <= 0.5:
+        if paper <= 0.5 or np.ptp(gray) < 1 / 255:  # strokes on black already, or no strokes
             return gray, None
         return np.clip((paper - gray) / paper, 0, 1), (
             f"inverted to light strokes on black (it had dark strokes on light paper, "
@@ -191,9 +191,9 @@ def _light_on_dark(gray, alpha):
 def _stretched(gray):
     """(gray, change): light strokes on black whose lightest pixel is under ``FAINT`` of
     white (a 12-bit scan in a 16-bit file, a faint pencil) stretched to reach white; a
-    picture with no strokes at all said to be blank."""
+    picture of one level everywhere, black or not, said to be blank."""
     top = float(gray.max())
-    if top == 0:
+    if np.ptp(gray) < 1 / 255:
         return gray, "blank: no strokes for the model to see"
     if top >= FAINT:
         return gray, None

@@ -32,8 +32,8 @@ def parse_args(argv):
         "\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--layer", nargs="+", action="extend", metavar="NAME",
                    help="check these cases alone (several allowed; in any case of letters; "
-                        "quote a name with spaces; a layer's name, Conv2d, selects each of "
-                        f"its cases): {', '.join(names)}")
+                        "quote a name with spaces; a name that is no case's, Conv2d, selects "
+                        f"each case it begins): {', '.join(names)}")
     p.add_argument("--tier", choices=TIERS, default="both",
                    help="the reference layers, their fast kernels, or both (default)")
     p.add_argument("--backend", choices=backend.BACKENDS,

@@ -66,6 +66,12 @@ def predict(model, config, path, top=3):
     name, probability)], and what became of the picture on the way to the model
     (``read_image``'s changes: "inverted", "resized to 28x28", ...)."""
     image, changes = read_image(path, config.dataset, config.image_size())  # (1, C, H, W)
+    return classify(model, config, image, top), changes
+
+
+def classify(model, config, image, top=3):
+    """The ``top`` most likely classes of a (1, C, H, W) batch: [(class name,
+    probability)]."""
     probs = to_host(softmax(model.eval().forward(image)))[0]  # (K,)
     classes = dataset_info(config.dataset).classes
-    return [(classes[i], float(probs[i])) for i in np.argsort(-probs)[:top]], changes
+    return [(classes[i], float(probs[i])) for i in np.argsort(-probs)[:top]]
